@@ -1,0 +1,282 @@
+"""The collective IR: a ``torch.fx.Graph`` whose nodes are collectives over
+``MeshGroup``s and the local ops that reproduce DTensor's padding semantics.
+
+Op set (every op takes the local tensor first)::
+
+    all_reduce(x, group, op)                      P -> R on the group
+    reduce_scatter(x, group, op, dim)             input dim divisible by group size
+    all_gather(x, group, dim)                     equal-size inputs
+    all_to_all(x, group, split_dim, cat_dim)      equal chunks along split_dim
+    pad_to(x, dim, size)                          zero-pad the end of dim up to size
+    pad_chunks(x, dim, n)                         torch.chunk into n, pad each chunk to the largest, concat
+    narrow(x, dim, start, length)                 keep [start, start+length) of dim
+    select_chunk(x, dim, n, index)                chunk `index` of torch.chunk(x, n, dim), cloned
+    divide(x, divisor)                            x / divisor (R -> P(sum), P(avg) scaling)
+
+Sizes, starts and indices are sympy expressions in the mesh coordinates
+(``redist_opt.symbolic``): one graph serves every rank. Each node carries
+``node.meta``:
+
+* ``shape``: the local shape after the node, a tuple of size expressions;
+* ``step``: the :class:`StepInfo` of the planner step the node implements
+  (mesh dims, src/dst placement, logical shape);
+* ``from_node``: names of the nodes a pass rewrote into this one (provenance).
+
+The graph is held by a ``torch.fx.GraphModule`` so ``torch.fx.passes.infra``
+passes apply; it is executed by ``redist_opt.runtime``, never by fx codegen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.distributed.tensor.placement_types import Placement
+
+from . import symbolic as sym
+from .mesh import MeshGroup
+
+__all__ = [
+    "OPS",
+    "COLLECTIVES",
+    "StepInfo",
+    "GraphBuilder",
+    "collective_nodes",
+    "verify",
+    "IRVerificationError",
+]
+
+
+def _ir_op(name: str, *, collective: bool):
+    def deco(shape_fn: Callable) -> Callable:
+        def op(*args, **kwargs):  # pragma: no cover - markers are interpreted, not called
+            raise RuntimeError(f"redist_opt IR op {name} is executed by redist_opt.runtime")
+
+        op.__name__ = op.__qualname__ = name
+        op.__module__ = __name__
+        op.ir_name = name
+        op.is_collective = collective
+        op.shape_fn = shape_fn
+        return op
+
+    return deco
+
+
+def _set(shape, dim, value):
+    out = list(shape)
+    out[dim] = sym.as_expr(value)
+    return tuple(out)
+
+
+@_ir_op("all_reduce", collective=True)
+def all_reduce(shape, group: MeshGroup, op: str):
+    return shape
+
+
+@_ir_op("reduce_scatter", collective=True)
+def reduce_scatter(shape, group: MeshGroup, op: str, dim: int):
+    return _set(shape, dim, sym.CeilDiv(shape[dim], group.size))
+
+
+@_ir_op("all_gather", collective=True)
+def all_gather(shape, group: MeshGroup, dim: int):
+    return _set(shape, dim, shape[dim] * group.size)
+
+
+@_ir_op("all_to_all", collective=True)
+def all_to_all(shape, group: MeshGroup, split_dim: int, cat_dim: int):
+    shape = _set(shape, split_dim, sym.CeilDiv(shape[split_dim], group.size))
+    return _set(shape, cat_dim, shape[cat_dim] * group.size)
+
+
+@_ir_op("pad_to", collective=False)
+def pad_to(shape, dim: int, size):
+    return _set(shape, dim, size)
+
+
+@_ir_op("pad_chunks", collective=False)
+def pad_chunks(shape, dim: int, n: int):
+    return _set(shape, dim, sym.CeilDiv(shape[dim], n) * n)
+
+
+@_ir_op("narrow", collective=False)
+def narrow(shape, dim: int, start, length):
+    return _set(shape, dim, length)
+
+
+@_ir_op("select_chunk", collective=False)
+def select_chunk(shape, dim: int, n: int, index):
+    return _set(shape, dim, sym.ChunkSize(shape[dim], n, index))
+
+
+@_ir_op("divide", collective=False)
+def divide(shape, divisor: int):
+    return shape
+
+
+OPS = {
+    op.ir_name: op
+    for op in (
+        all_reduce,
+        reduce_scatter,
+        all_gather,
+        all_to_all,
+        pad_to,
+        pad_chunks,
+        narrow,
+        select_chunk,
+        divide,
+    )
+}
+COLLECTIVES = frozenset(name for name, op in OPS.items() if op.is_collective)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """One redistribution step as DTensor's planner emits it (after our lowering)."""
+
+    index: int
+    mesh_dims: tuple[int, ...]
+    src: Placement
+    dst: Placement
+    logical_shape: tuple  # size expressions, as DTensor's planner defines them
+
+
+class GraphBuilder:
+    """Appends IR ops to a fresh graph, propagating shapes symbolically."""
+
+    def __init__(self, input_shape: Sequence) -> None:
+        self.graph = fx.Graph()
+        self.value = self.graph.placeholder("x")
+        self.value.meta["shape"] = tuple(sym.as_expr(s) for s in input_shape)
+        self.step: StepInfo | None = None
+
+    @property
+    def shape(self) -> tuple:
+        return self.value.meta["shape"]
+
+    def emit(self, name: str, *args) -> fx.Node:
+        op = OPS[name]
+        node = self.graph.call_function(op, (self.value, *args))
+        node.meta["shape"] = tuple(sym.as_expr(s) for s in op.shape_fn(self.shape, *args))
+        node.meta["step"] = self.step
+        self.value = node
+        return node
+
+    def finish(self) -> fx.GraphModule:
+        self.graph.output(self.value)
+        return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def ir_name(node: fx.Node) -> str | None:
+    return getattr(node.target, "ir_name", None) if node.op == "call_function" else None
+
+
+def is_collective(node: fx.Node) -> bool:
+    return ir_name(node) in COLLECTIVES
+
+
+def collective_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if is_collective(n)]
+
+
+class IRVerificationError(AssertionError):
+    """The IR broke an invariant: a pass or the lowering has a bug."""
+
+
+def verify(gm: fx.GraphModule, mesh_sizes: Sequence[int], expected_output_shape=None) -> None:
+    """Check the invariants every pass must keep.
+
+    1. One placeholder, one output, a single chain of known IR ops.
+    2. Every group names existing mesh dims, no dim twice, and its layout has
+       no rank twice (orthogonal).
+    3. Recorded shapes equal the shapes the op semantics derive; collectives that
+       need equal chunks get a dim provably divisible by the group size.
+    4. The output shape equals ``expected_output_shape`` (the local shape the
+       destination placements define), checked on corner coordinates.
+    """
+    nodes = list(gm.graph.nodes)
+    if not nodes or nodes[0].op != "placeholder" or nodes[-1].op != "output":
+        raise IRVerificationError("IR must start with one placeholder and end with output")
+    prev = nodes[0]
+    for node in nodes[1:-1]:
+        name = ir_name(node)
+        if name is None:
+            raise IRVerificationError(f"{node.format_node()}: not a redist_opt IR op")
+        if node.args[0] is not prev:
+            raise IRVerificationError(f"{node.name}: IR must be a chain; input is {node.args[0]}")
+        params = node.args[1:]
+        if name in COLLECTIVES:
+            group = params[0]
+            if not isinstance(group, MeshGroup):
+                raise IRVerificationError(f"{node.name}: group {group!r} is not a MeshGroup")
+            if len(set(group.dims)) != len(group.dims) or any(
+                not 0 <= d < len(mesh_sizes) for d in group.dims
+            ):
+                raise IRVerificationError(f"{node.name}: bad mesh dims {group.dims}")
+            if not group.layout.check_orthogonal():
+                raise IRVerificationError(f"{node.name}: group layout overlaps itself")
+            split_dim = {"reduce_scatter": 3, "all_to_all": 2}.get(name)
+            if split_dim is not None:
+                size = prev.meta["shape"][node.args[split_dim]]
+                if not sym.is_divisible(size, group.size, mesh_sizes):
+                    raise IRVerificationError(
+                        f"{node.name}: dim size {size} not divisible by group size {group.size}"
+                    )
+        derived = tuple(sym.as_expr(s) for s in OPS[name].shape_fn(prev.meta["shape"], *params))
+        if derived != node.meta.get("shape"):
+            raise IRVerificationError(
+                f"{node.name}: recorded shape {node.meta.get('shape')} != derived {derived}"
+            )
+        prev = node
+    if nodes[-1].args[0] is not prev:
+        raise IRVerificationError("output must return the last op")
+    if expected_output_shape is not None:
+        got = prev.meta["shape"]
+        for coords in corner_coords(mesh_sizes):
+            a = [sym.evaluate(e, coords) for e in got]
+            b = [sym.evaluate(e, coords) for e in expected_output_shape]
+            if a != b:
+                raise IRVerificationError(
+                    f"output shape {a} != expected local shape {b} at coordinates {coords}"
+                )
+
+
+def corner_coords(mesh_sizes: Sequence[int]) -> list[tuple[int, ...]]:
+    """A small rank-free sample: all-zero, all-last, and each dim at each end."""
+    nd = len(mesh_sizes)
+    out = {tuple(0 for _ in range(nd)), tuple(s - 1 for s in mesh_sizes)}
+    for d in range(nd):
+        for v in {0, 1, mesh_sizes[d] - 1, mesh_sizes[d] // 2}:
+            if 0 <= v < mesh_sizes[d]:
+                out.add(tuple(v if i == d else mesh_sizes[i] - 1 for i in range(nd)))
+                out.add(tuple(v if i == d else 0 for i in range(nd)))
+    return sorted(out)
+
+
+def local_shape(global_shape: Sequence[int], placements: Sequence[Placement], mesh_sizes) -> tuple:
+    """The local shape DTensor defines for ``placements`` (default shard order)."""
+    shape = [sym.as_expr(s) for s in global_shape]
+    for d, p in enumerate(placements):
+        if p.is_shard():
+            shape[p.dim] = sym.ChunkSize(shape[p.dim], mesh_sizes[d], sym.coord(d))
+    return tuple(shape)
+
+
+def max_numel(shape: Sequence, mesh_sizes: Sequence[int]) -> int:
+    """The largest local element count any rank holds for ``shape``."""
+    total = 1
+    for s in shape:
+        total *= max(sym.possible_values(s, mesh_sizes))
+    return total
+
+
+def node_params(node: fx.Node) -> tuple:
+    return tuple(node.args[1:])
+
+
+def is_sympy(x) -> bool:
+    return isinstance(x, sympy.Basic)

@@ -1,0 +1,116 @@
+"""The one module that touches torch's private mesh-layout algebra.
+
+torch describes every DeviceMesh dimension as a CuTe-style layout (sizes:strides
+over indices into the root mesh's rank map), in ``torch.distributed._mesh_layout``
+(``_FlatLayout``, ``_MeshLayout``, built on ``torch.distributed._pycute``). A
+communicator is identified by the *collapsed* layout of the mesh dims it spans:
+two groups with equal collapsed layouts contain the same ranks in the same order,
+whatever they are called. Everything redist_opt knows about groups is derived
+here, so a torch upgrade that moves these classes touches this file only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+
+__all__ = [
+    "FlatLayout",
+    "row_major_dim_layouts",
+    "collapse",
+    "is_orthogonal",
+    "covers_world_in_order",
+    "rank_lists",
+    "format_layout",
+]
+
+# Public alias: a coalesced, hashable, canonical sizes:strides layout.
+FlatLayout = _FlatLayout
+
+
+def row_major_dim_layouts(sizes: Sequence[int]) -> tuple[FlatLayout, ...]:
+    """One layout per dim of a row-major mesh of ``sizes`` (what init_device_mesh builds)."""
+    mesh_layout = _MeshLayout.from_sizes_strides(tuple(int(s) for s in sizes))
+    return tuple(mesh_layout)
+
+
+def collapse(dim_layouts: Sequence[FlatLayout]) -> FlatLayout:
+    """The layout of one communicator spanning ``dim_layouts``, first dim slowest.
+
+    Coalescing merges adjacent modes whose strides line up (dims a,b of a
+    row-major mesh become one mode); non-adjacent dims (a and c of a x b x c)
+    stay as two modes: still one valid communicator, just a non-contiguous one.
+    """
+    return _MeshLayout(tuple(dim_layouts)).collapse()
+
+
+def is_orthogonal(layout: FlatLayout) -> bool:
+    """True when no rank appears twice in the group the layout describes."""
+    return layout.check_orthogonal()
+
+
+def covers_world_in_order(layout: FlatLayout, world_size: int) -> bool:
+    """True when the layout enumerates ranks 0..world_size-1 in order (the default group)."""
+    return layout.numel() == world_size and layout == _FlatLayout((world_size,), (1,))
+
+
+def numel(layout: FlatLayout) -> int:
+    return int(layout.numel())
+
+
+def rank_lists(layout: FlatLayout, index_space: int, limit: int | None = None) -> list[list[int]]:
+    """Indices (into the root rank map) of the groups the layout tiles ``index_space`` into.
+
+    With ``limit`` only the first ``limit`` groups are produced: dumps of a plan at
+    100k ranks show a few example groups without enumerating the world.
+    """
+    members = layout.all_ranks_from_zero()
+    offsets_layout = layout.complement(index_space)
+    groups: list[list[int]] = []
+    for offset in _iter_layout(offsets_layout):
+        groups.append([offset + m for m in members])
+        if limit is not None and len(groups) >= limit:
+            break
+    return groups
+
+
+def _iter_layout(layout: FlatLayout):
+    shape, stride = layout.shape, layout.stride
+    total = math.prod(shape)
+    for linear in range(total):
+        idx, rem = 0, linear
+        for size, st in zip(reversed(shape), reversed(stride)):
+            rem, coord = divmod(rem, size)
+            idx += coord * st
+        yield idx
+
+
+def format_layout(layout: FlatLayout) -> str:
+    """``(2,2):(4,1)`` style, as CuTe prints layouts."""
+    shape = ",".join(str(s) for s in layout.shape)
+    stride = ",".join(str(s) for s in layout.stride)
+    if len(layout.shape) == 1:
+        return f"{shape}:{stride}"
+    return f"({shape}):({stride})"
+
+
+def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
+    """The per-dim layouts of a live DeviceMesh, in its root's rank-map index space."""
+    return tuple(device_mesh._layout)
+
+
+def device_mesh_flattened_layouts(device_mesh) -> dict[FlatLayout, str]:
+    """Collapsed layout -> name of every flattened mesh the root mesh knows."""
+    root = device_mesh._get_root_mesh()
+    out: dict[FlatLayout, str] = {}
+    for name, flat in root._flatten_mapping.items():
+        out[flat._layout.collapse()] = name
+    return out
+
+
+def root_index_space(device_mesh) -> int:
+    """Size of the root mesh's rank map (the index space layouts live in)."""
+    root = device_mesh._get_root_mesh()
+    return int(root._layout.numel())

@@ -1,0 +1,178 @@
+"""Rank-free mesh model: ``MeshSpec`` and ``MeshGroup``.
+
+A ``MeshSpec`` is what planning needs to know about a DeviceMesh and nothing
+more: the size and name of each dim, each dim's layout in the root mesh's rank
+index space, and which multi-dim groups already exist as flattened meshes. It
+holds no process group and no per-rank structure, so a plan for 131072 ranks is
+pure arithmetic.
+
+A ``MeshGroup`` is the identity of a communicator: the collapsed layout of a set
+of mesh dims taken in a given order (first dim slowest). Two groups are equal
+exactly when their collapsed layouts are equal, i.e. when they contain the same
+ranks in the same order, whatever process group or mesh dim they came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+from . import layout as L
+from .placements import RedistributeError
+
+__all__ = ["MeshSpec", "MeshGroup"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshGroup:
+    """A communicator over ``dims`` of a mesh, identified by its collapsed layout."""
+
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...]
+    layout: L.FlatLayout
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshGroup) and self.layout == other.layout
+
+    def __hash__(self) -> int:
+        return hash(self.layout)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+    def index_of(self, coords: Sequence[int]) -> int:
+        """The executing rank's position in the group (row-major over ``dims``)."""
+        idx = 0
+        for d, n in zip(self.dims, self.sizes):
+            idx = idx * n + coords[d]
+        return idx
+
+    def name(self, spec: "MeshSpec") -> str:
+        return "+".join(spec.dim_name(d) for d in self.dims)
+
+    def __repr__(self) -> str:
+        # Valid Python syntax: fx code generation prints node args with repr().
+        return f"MeshGroup(dims={self.dims}, layout='{L.format_layout(self.layout)}')"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """Sizes, names and layouts of a mesh's dims, and the flattened groups that exist.
+
+    Build one from a live mesh with :meth:`from_device_mesh`, or from sizes alone
+    to plan without any process group::
+
+        MeshSpec(sizes=(8, 16, 32, 32), names=("pp", "dp", "cp", "tp"),
+                 flattened=[("dp", "cp")])
+    """
+
+    sizes: tuple[int, ...]
+    names: tuple[str, ...] | None = None
+    flattened: tuple = ()
+    dim_layouts: tuple | None = None
+    index_space: int | None = None
+    # Collapsed layouts of every flattened group that exists, derived in __post_init__.
+    flattened_layouts: frozenset = dataclasses.field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(s) for s in self.sizes)
+        if not sizes or any(s < 1 for s in sizes):
+            raise RedistributeError(f"mesh sizes {self.sizes} must be positive integers")
+        object.__setattr__(self, "sizes", sizes)
+        if self.names is not None:
+            names = tuple(self.names)
+            if len(names) != len(sizes):
+                raise RedistributeError(
+                    f"mesh ({self.shape_str}) has {len(sizes)} dims but {len(names)} names {names}"
+                )
+            if len(set(names)) != len(names):
+                raise RedistributeError(f"mesh dim names {names} are not unique")
+            object.__setattr__(self, "names", names)
+        if self.dim_layouts is None:
+            object.__setattr__(self, "dim_layouts", L.row_major_dim_layouts(sizes))
+        if self.index_space is None:
+            object.__setattr__(self, "index_space", math.prod(sizes))
+        flat = []
+        layouts = set()
+        for group in self.flattened:
+            if isinstance(group, L.FlatLayout):
+                layouts.add(group)
+                continue
+            dims = self.dims_of(group)
+            flat.append(dims)
+            layouts.add(L.collapse([self.dim_layouts[d] for d in sorted(dims)]))
+        object.__setattr__(self, "flattened", tuple(g for g in self.flattened))
+        object.__setattr__(self, "flattened_layouts", frozenset(layouts))
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def from_device_mesh(cls, device_mesh) -> "MeshSpec":
+        """Read sizes, names, per-dim layouts and existing flattened meshes off a DeviceMesh."""
+        return cls(
+            sizes=tuple(L.numel(lay) for lay in L.device_mesh_dim_layouts(device_mesh)),
+            names=device_mesh.mesh_dim_names,
+            flattened=tuple(L.device_mesh_flattened_layouts(device_mesh)),
+            dim_layouts=L.device_mesh_dim_layouts(device_mesh),
+            index_space=L.root_index_space(device_mesh),
+        )
+
+    # -- queries ------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def shape_str(self) -> str:
+        if self.names:
+            return ",".join(f"{n}={s}" for n, s in zip(self.names, self.sizes))
+        return "x".join(str(s) for s in self.sizes)
+
+    @property
+    def num_ranks(self) -> int:
+        return math.prod(self.sizes)
+
+    def dim_name(self, d: int) -> str:
+        return self.names[d] if self.names else str(d)
+
+    def dims_of(self, group: Iterable[int | str] | str) -> tuple[int, ...]:
+        """Mesh dim indices of ``("dp", "cp")``, ``"dp+cp"`` or ``(1, 2)``."""
+        if isinstance(group, str):
+            group = [g for g in group.replace(",", "+").split("+") if g]
+        dims = []
+        for g in group:
+            if isinstance(g, str) and not g.lstrip("-").isdigit():
+                if self.names is None:
+                    raise RedistributeError(
+                        f"mesh dim {g!r} is given by name but the mesh ({self.shape_str}) has no "
+                        "dim names: pass names=... or use dim indices"
+                    )
+                if g not in self.names:
+                    raise RedistributeError(f"mesh ({self.shape_str}) has no dim named {g!r}")
+                dims.append(self.names.index(g))
+            else:
+                d = int(g)
+                if not 0 <= d < self.ndim:
+                    raise RedistributeError(f"mesh ({self.shape_str}) has no dim {d}")
+                dims.append(d)
+        if len(set(dims)) != len(dims):
+            raise RedistributeError(f"mesh dims {tuple(group)} name a dim twice")
+        return tuple(dims)
+
+    def group(self, dims: Sequence[int]) -> MeshGroup:
+        dims = tuple(dims)
+        return MeshGroup(
+            dims=dims,
+            sizes=tuple(self.sizes[d] for d in dims),
+            layout=L.collapse([self.dim_layouts[d] for d in dims]),
+        )
+
+    def group_exists(self, group: MeshGroup) -> bool:
+        """A group exists when it is one mesh dim or some flattened mesh has its layout."""
+        if len([d for d in group.dims if self.sizes[d] > 1]) <= 1:
+            return True
+        return group.layout in self.flattened_layouts
+
+    def with_flattened(self, groups: Iterable) -> "MeshSpec":
+        return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))

@@ -1,0 +1,154 @@
+"""Placements: parsing the short string forms, normalising, and validating.
+
+Users write placements as torch ``Placement`` objects or as the strings torch
+prints (``"R"``, ``"S(0)"``, ``"S(-1)"``, ``"P"``, ``"P(avg)"``, ``"P(max)"``).
+Every check here raises :class:`RedistributeError` naming the offending
+placement, its mesh dim and the mesh, before anything runs: bad input never
+produces a tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from torch.distributed.tensor.placement_types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    _StridedShard,
+)
+
+__all__ = [
+    "RedistributeError",
+    "parse_placement",
+    "parse_placements",
+    "normalize_placements",
+    "placement_str",
+    "placements_str",
+    "REDUCE_OPS",
+]
+
+# Reductions a Partial placement can carry that redist_opt lowers.
+REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+
+
+class RedistributeError(ValueError):
+    """Bad input to a redistribution: the message names the offending item."""
+
+
+_SHARD_RE = re.compile(r"^S(?:hard)?\((?:dim=)?\s*(-?\d+)\s*\)$")
+_PARTIAL_RE = re.compile(r"^P(?:artial)?(?:\(\s*['\"]?(\w+)['\"]?\s*\))?$")
+
+
+def parse_placement(p: Placement | str) -> Placement:
+    """``"S(0)"`` -> ``Shard(0)``; Placement objects pass through."""
+    if isinstance(p, Placement):
+        return p
+    if not isinstance(p, str):
+        raise RedistributeError(f"placement {p!r} is neither a torch Placement nor a string")
+    text = p.strip()
+    if text in ("R", "Replicate", "Replicate()"):
+        return Replicate()
+    m = _SHARD_RE.match(text)
+    if m:
+        return Shard(int(m.group(1)))
+    m = _PARTIAL_RE.match(text)
+    if m:
+        op = m.group(1) or "sum"
+        if op not in REDUCE_OPS:
+            raise RedistributeError(
+                f"placement {p!r}: unknown reduce op {op!r}; expected one of {', '.join(REDUCE_OPS)}"
+            )
+        return Partial(op)
+    raise RedistributeError(
+        f"cannot parse placement {p!r}; expected R, S(<dim>), P, P(avg), P(max), P(min) or P(product)"
+    )
+
+
+def parse_placements(placements: Sequence[Placement | str] | str) -> tuple[Placement, ...]:
+    """A sequence of placements, or one comma-separated string such as ``"R,S(0),P"``."""
+    if isinstance(placements, str):
+        placements = _split_top_level(placements)
+    return tuple(parse_placement(p) for p in placements)
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [s.strip() for s in parts]
+
+
+def placement_str(p: Placement) -> str:
+    if isinstance(p, Partial):
+        return "P" if p.reduce_op == "sum" else f"P({p.reduce_op})"
+    return str(p)
+
+
+def placements_str(ps: Sequence[Placement]) -> str:
+    return "[" + ", ".join(placement_str(p) for p in ps) + "]"
+
+
+def normalize_placements(
+    placements: Sequence[Placement | str] | str,
+    *,
+    mesh_shape: Sequence[int],
+    tensor_ndim: int,
+    role: str,
+) -> tuple[Placement, ...]:
+    """Parse, check against the mesh and tensor, and make shard dims non-negative.
+
+    ``role`` ("source" / "target") only shapes the error messages.
+    """
+    ps = parse_placements(placements)
+    mesh_desc = "x".join(str(s) for s in mesh_shape)
+    if len(ps) != len(mesh_shape):
+        raise RedistributeError(
+            f"{role} placements {placements_str(ps)} have {len(ps)} entries but the mesh "
+            f"({mesh_desc}) has {len(mesh_shape)} dims: give one placement per mesh dim"
+        )
+    out: list[Placement] = []
+    for mesh_dim, p in enumerate(ps):
+        if isinstance(p, (Shard, _StridedShard)):
+            dim = p.dim
+            if not -tensor_ndim <= dim < tensor_ndim:
+                raise RedistributeError(
+                    f"{role} placement {placement_str(p)} on mesh dim {mesh_dim} of mesh "
+                    f"({mesh_desc}): shard dim {dim} is out of range for a {tensor_ndim}-D tensor"
+                )
+            if dim < 0:
+                p = (
+                    _StridedShard(dim + tensor_ndim, split_factor=p.split_factor)
+                    if isinstance(p, _StridedShard)
+                    else Shard(dim + tensor_ndim)
+                )
+        elif isinstance(p, Partial):
+            if p.reduce_op not in REDUCE_OPS:
+                raise RedistributeError(
+                    f"{role} placement {placement_str(p)} on mesh dim {mesh_dim}: reduce op "
+                    f"{p.reduce_op!r} is not supported (supported: {', '.join(REDUCE_OPS)})"
+                )
+        elif not isinstance(p, Replicate):
+            raise RedistributeError(
+                f"{role} placement {p!r} on mesh dim {mesh_dim} is not a Replicate, Shard or Partial"
+            )
+        out.append(p)
+    ops = {p.reduce_op for p in out if isinstance(p, Partial)}
+    if len(ops) > 1:
+        raise RedistributeError(
+            f"{role} placements {placements_str(out)} mix partial reduce ops {sorted(ops)}: "
+            "DTensor does not define the order of different reductions"
+        )
+    return tuple(out)

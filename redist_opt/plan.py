@@ -1,0 +1,138 @@
+"""``Plan``: one redistribution, planned once, valid on every rank.
+
+A plan holds the rank-free mesh, the source and destination placements, the
+global shape and dtype, the planner steps and the IR graph. It never holds a
+process group: ``redist_opt.runtime.execute`` binds it to a DeviceMesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor.placement_types import Placement
+
+from . import ir
+from .lower import check_transition, greedy_steps, lower_steps, unsupported_reason
+from .mesh import MeshGroup, MeshSpec
+from .placements import RedistributeError, normalize_placements, placements_str
+
+__all__ = ["Plan", "make_plan", "Collective"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """A collective of a plan, as dumps and the cost model see it."""
+
+    kind: str
+    group: MeshGroup
+    reduce_op: str | None
+    bytes_in: int  # largest input any rank sends into it
+    node: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    mesh: MeshSpec
+    src: tuple[Placement, ...]
+    dst: tuple[Placement, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    steps: tuple[ir.StepInfo, ...]
+    graph: fx.GraphModule | None
+    # Why this plan runs through torch's own path instead of our IR (None: it does not).
+    fallback_reason: str | None = None
+    # Passes that ran and changed the IR, in order, and merges that were not made.
+    applied_passes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fallback(self) -> bool:
+        return self.fallback_reason is not None
+
+    @property
+    def key(self) -> tuple:
+        return (self.mesh, self.src, self.dst, self.shape, self.dtype)
+
+    def collectives(self) -> list[Collective]:
+        if self.graph is None:
+            return []
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        out = []
+        for node in ir.collective_nodes(self.graph):
+            params = node.args[1:]
+            op = params[1] if ir.ir_name(node) in ("all_reduce", "reduce_scatter") else None
+            in_shape = node.args[0].meta["shape"]
+            out.append(
+                Collective(
+                    kind=ir.ir_name(node),
+                    group=params[0],
+                    reduce_op=op,
+                    bytes_in=ir.max_numel(in_shape, self.mesh.sizes) * itemsize,
+                    node=node.name,
+                )
+            )
+        return out
+
+    @property
+    def num_collectives(self) -> int:
+        return len(self.collectives())
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Bytes each rank feeds into collectives (upper bound over ranks)."""
+        return sum(c.bytes_in for c in self.collectives())
+
+    def groups_needed(self) -> frozenset[MeshGroup]:
+        return frozenset(c.group for c in self.collectives())
+
+    def replace(self, **changes) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        from .dump import format_plan
+
+        return format_plan(self)
+
+
+def make_plan(
+    mesh: MeshSpec,
+    src: Sequence[Placement | str] | str,
+    dst: Sequence[Placement | str] | str,
+    shape: Sequence[int],
+    dtype: torch.dtype = torch.float32,
+) -> Plan:
+    """Validate the request and lower it (cached: the eager path calls this per redistribute)."""
+    shape = _check_shape(shape)
+    src_p = normalize_placements(src, mesh_shape=mesh.sizes, tensor_ndim=len(shape), role="source")
+    dst_p = normalize_placements(dst, mesh_shape=mesh.sizes, tensor_ndim=len(shape), role="target")
+    return _make_plan_cached(mesh, src_p, dst_p, shape, dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _make_plan_cached(mesh: MeshSpec, src, dst, shape, dtype) -> Plan:
+    reason = unsupported_reason(src, dst)
+    if reason is not None:
+        return Plan(mesh, src, dst, shape, dtype, (), None, fallback_reason=reason)
+    check_transition(src, dst, mesh)
+    steps = tuple(greedy_steps(mesh, src, dst, shape))
+    gm = lower_steps(mesh, steps, ir.local_shape(shape, src, mesh.sizes))
+    ir.verify(gm, mesh.sizes, ir.local_shape(shape, dst, mesh.sizes))
+    return Plan(mesh, src, dst, shape, dtype, steps, gm)
+
+
+def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise RedistributeError(f"tensor shape {shape!r} must be a sequence of integers") from None
+    if any(s < 0 for s in out):
+        raise RedistributeError(f"tensor shape {out} has a negative size")
+    return out
+
+
+def describe(plan: Plan) -> str:
+    return f"{placements_str(plan.src)} -> {placements_str(plan.dst)} on mesh ({plan.mesh.shape_str})"

@@ -1,0 +1,223 @@
+"""Runtime: execute an IR graph on the calling rank over a DeviceMesh's process groups.
+
+Every collective goes through ``torch.distributed._functional_collectives`` (so
+it is traceable, ``CommDebugMode`` counts it, and ``LocalTensorMode`` simulates
+it). Local ops whose sizes depend on the mesh coordinate are evaluated per rank:
+on a real process group that is the calling rank; under ``LocalTensorMode`` it
+is each simulated rank in turn (``torch.distributed._local_tensor.tensor_map``).
+
+Group resolution (``resolve_group``), by layout, never by name:
+
+1. a group over one mesh dim (ignoring size-1 dims) -> that dim's process group;
+2. a multi-dim group -> a flattened mesh of the root whose layout equals the
+   group's collapsed layout;
+3. under ``groups="create"`` -> a flattened mesh created on first use (DeviceMesh
+   caches it in the root's ``_flatten_mapping``).
+
+A group that cannot be resolved raises :class:`GroupUnavailable`; the API falls
+back to the unmerged plan and warns once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.fx as fx
+from torch.distributed._local_tensor import enabled_local_tensor_mode, tensor_map
+
+from . import symbolic as sym
+from .ir import ir_name
+from .mesh import MeshGroup
+
+__all__ = ["execute", "resolve_group", "GroupUnavailable"]
+
+
+class GroupUnavailable(RuntimeError):
+    """No process group with the layout a merged collective needs exists."""
+
+
+# -- groups -------------------------------------------------------------------
+
+
+def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
+    """A funcol group argument for ``group`` on ``device_mesh``."""
+    real_dims = [d for d, n in zip(group.dims, group.sizes) if n > 1] or list(group.dims[:1])
+    if len(real_dims) == 1:
+        return (device_mesh, real_dims[0])
+    root = device_mesh._get_root_mesh()
+    for flat in root._flatten_mapping.values():
+        if flat._layout.collapse() == group.layout:
+            return (flat, 0)
+    if policy == "create":
+        names = device_mesh.mesh_dim_names
+        if names is None:
+            raise GroupUnavailable(
+                f"cannot create a group over mesh dims {group.dims}: the mesh has no dim names"
+            )
+        if list(real_dims) != sorted(real_dims):
+            raise GroupUnavailable(
+                f"cannot create a group over mesh dims {tuple(real_dims)} in that order: "
+                "DeviceMesh flattens dims in ascending order only"
+            )
+        try:
+            flat = device_mesh[tuple(names[d] for d in real_dims)]._flatten()
+        except Exception as e:  # a backend that cannot make a new communicator
+            raise GroupUnavailable(f"creating a flattened group over {group.dims} failed: {e}") from e
+        return (flat, 0)
+    raise GroupUnavailable(
+        f"no process group has the layout of mesh dims {group.dims} "
+        f"({group.layout}); flatten them or use groups='create'"
+    )
+
+
+# -- coordinates ----------------------------------------------------------------
+
+_coords_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
+    """This rank's mesh coordinate, or {rank: coordinate} under LocalTensorMode."""
+    lm = enabled_local_tensor_mode()
+    if lm is None:
+        coord = device_mesh.get_coordinate()
+        if coord is None:
+            raise RuntimeError("the calling rank is not part of the mesh")
+        return tuple(int(c) for c in coord)
+    key = (id(lm), lm.ranks)
+    per_mesh = _coords_cache.setdefault(device_mesh, {})
+    if key not in per_mesh:
+        coords = device_mesh.get_coordinate()
+        table: dict[int, list[int]] = {r: [] for r in lm.ranks}
+        for c in coords:
+            node = c.node if isinstance(c, torch.SymInt) else None
+            values = getattr(node, "_local_ints", None)
+            for r in lm.ranks:
+                if values is not None:
+                    table[r].append(int(values[r]))
+                else:
+                    table[r].append(int(c))
+        per_mesh[key] = {r: tuple(v) for r, v in table.items()}
+    return per_mesh[key]
+
+
+# -- local ops --------------------------------------------------------------------
+
+
+def _pad_end(t: torch.Tensor, dim: int, amount: int) -> torch.Tensor:
+    # Same call as DTensor's pad_tensor: a negative amount crops, like torch does.
+    if amount == 0:
+        return t
+    pad = [0, 0] * (t.ndim - dim)
+    pad[-1] = amount
+    return torch.nn.functional.pad(t, pad)
+
+
+def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
+    # torch.chunk semantics with trailing empty chunks, as Shard._custom_chunk.
+    parts = list(torch.chunk(t, n, dim=dim))
+    while len(parts) < n:
+        shape = list(t.shape)
+        shape[dim] = 0
+        parts.append(t.new_zeros(shape))
+    return parts
+
+
+def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
+    if name == "pad_to":
+        dim, size = params
+        return _pad_end(t, dim, size - t.size(dim))
+    if name == "pad_chunks":
+        dim, n = params
+        if t.size(dim) % n == 0:
+            return t.contiguous()
+        full = -(-t.size(dim) // n)
+        return torch.cat([_pad_end(c, dim, full - c.size(dim)) for c in _chunks(t, dim, n)], dim)
+    if name == "narrow":
+        dim, start, length = params
+        if start == 0 and length == t.size(dim):
+            return t
+        return t.narrow(dim, start, length).contiguous()
+    if name == "select_chunk":
+        dim, n, index = params
+        return _chunks(t, dim, n)[index].clone()
+    if name == "divide":
+        (divisor,) = params
+        return t / divisor
+    raise AssertionError(f"unknown local op {name}")
+
+
+def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:
+    symbolic = [i for i, p in enumerate(params) if isinstance(p, sym.sympy.Basic) and p.free_symbols]
+    ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
+    if not symbolic:
+        return _local_op(name, x, ints)
+
+    def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
+        c = coords if isinstance(coords, tuple) else coords[rank]
+        vals = list(ints)
+        for i in symbolic:
+            vals[i] = sym.evaluate(params[i], c)
+        return _local_op(name, t, vals)
+
+    if isinstance(coords, tuple):
+        return on_rank(-1, x)
+    return tensor_map(x, on_rank)
+
+
+# -- collectives ------------------------------------------------------------------
+
+
+def _all_to_all(x: torch.Tensor, group, n: int, split_dim: int, cat_dim: int) -> torch.Tensor:
+    # funcol's all_to_all splits dim 0: bring split_dim to the front, exchange equal
+    # chunks, then lay the chunk received from member i at position i of cat_dim.
+    moved = x.movedim(split_dim, 0).contiguous()
+    out = funcol.all_to_all_single(moved, None, None, group)
+    out = funcol.wait_tensor(out) if isinstance(out, funcol.AsyncCollectiveTensor) else out
+    pieces = [c.movedim(0, split_dim) for c in torch.chunk(out, n, dim=0)]
+    return torch.cat(pieces, dim=cat_dim)
+
+
+def _run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.Tensor:
+    group: MeshGroup = params[0]
+    if name == "all_reduce":
+        return funcol.all_reduce(x, reduceOp=params[1], group=pg)
+    if name == "reduce_scatter":
+        return funcol.reduce_scatter_single(x.contiguous(), params[1], scatter_dim=params[2], group=pg)
+    if name == "all_gather":
+        return funcol.all_gather_single(x.contiguous(), gather_dim=params[1], group=pg)
+    if name == "all_to_all":
+        return _all_to_all(x, pg, group.size, params[1], params[2])
+    raise AssertionError(f"unknown collective {name}")
+
+
+def execute(
+    gm: fx.GraphModule,
+    local_tensor: torch.Tensor,
+    device_mesh,
+    *,
+    groups: str = "existing",
+    async_op: bool = False,
+) -> torch.Tensor:
+    """Run the IR chain on this rank's local tensor (or every simulated rank's)."""
+    coords = None
+    x = local_tensor
+    for node in gm.graph.nodes:
+        name = ir_name(node)
+        if name is None:
+            continue
+        params = node.args[1:]
+        if node.target.is_collective:
+            pg = resolve_group(device_mesh, params[0], groups)
+            x = _run_collective(name, x, params, pg)
+            if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
+                x = x.wait()
+        else:
+            if coords is None and any(
+                isinstance(p, sym.sympy.Basic) and p.free_symbols for p in params
+            ):
+                coords = rank_coordinates(device_mesh)
+            x = _run_local(name, x, params, coords)
+    return x

@@ -1,0 +1,209 @@
+"""Deterministic generation of the differential cases (see test_differential.py).
+
+Exhaustive where cheap (every src/dst pair on 1-D and 2-D meshes), stratified
+elsewhere. Everything is derived from fixed seeds, so the case list and the ids
+are stable from run to run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import torch
+
+from harness import Case
+
+F32, F64, BF16, C64 = torch.float32, torch.float64, torch.bfloat16, torch.complex64
+
+EVEN = (24, 24)  # divisible by every mesh-dim product used here (2,3,4,6,8)
+UNEVEN = [(5, 3), (7, 5), (3, 7)]
+ZERO = [(0, 4), (4, 0)]
+SHAPES_2D = [EVEN, *UNEVEN, *ZERO]
+
+V1 = ["R", "S(0)", "S(1)", "S(-1)", "P"]  # 1-D mesh vocabulary
+V2 = ["R", "S(0)", "S(1)", "P"]  # per-dim vocabulary on N-D meshes
+OPS = ["avg", "max", "min"]
+
+
+def with_op(pl, op):
+    return tuple(f"P({op})" if p == "P" else p for p in pl)
+
+
+def lists(vocab, ndim):
+    return [tuple(x) for x in itertools.product(vocab, repeat=ndim)]
+
+
+def _valid_src(c):
+    """The input DTensor must be constructible: src shard dims in range."""
+    nd = len(c.shape)
+    return all(
+        -nd <= int(p[2:-1]) < nd for p in c.src if p.startswith("S(")
+    )
+
+
+def _dedupe(cases):
+    seen, out = set(), []
+    for c in cases:
+        if _valid_src(c) and c.id not in seen:
+            seen.add(c.id)
+            out.append(c)
+    return out
+
+
+def one_d_cases():
+    cases = []
+    meshes = ["1d2", "1d3", "1d4"]
+    pairs = [(s, d) for s in lists(V1, 1) for d in lists(V1, 1)]
+    # every pair x every shape, float32
+    for m in meshes:
+        for s, d in pairs:
+            for shape in SHAPES_2D:
+                cases.append(Case(m, s, d, shape))
+    # partial reduce ops: every pair that involves P
+    for m in meshes:
+        for op in OPS:
+            for s, d in pairs:
+                if "P" in s or "P" in d:
+                    for shape in [(5, 3), EVEN, (0, 4)]:
+                        cases.append(Case(m, with_op(s, op), with_op(d, op), shape))
+    # other dtypes: every pair on one uneven shape
+    for m in meshes:
+        for dt in [F64, BF16, C64]:
+            for s, d in pairs:
+                cases.append(Case(m, s, d, (7, 5), dt))
+            for op in OPS:
+                cases.append(Case(m, (f"P({op})",), ("R",), (7, 5), dt))
+                cases.append(Case(m, (f"P({op})",), ("S(0)",), (7, 5), dt))
+    # 1-D and 3-D tensors (S(1) on a 1-D tensor must be rejected by both)
+    for m in meshes:
+        for s, d in pairs:
+            cases.append(Case(m, s, d, (7,)))
+        for s, d in itertools.product(lists(["R", "S(0)", "S(2)", "S(-1)", "P"], 1), repeat=2):
+            cases.append(Case(m, s, d, (3, 4, 5)))
+    return cases
+
+
+def two_d_cases():
+    cases = []
+    pairs = [(s, d) for s in lists(V2, 2) for d in lists(V2, 2)]
+    # every pair on every 2-D mesh, each on two different shapes; the shapes
+    # rotate over the pair index so every shape class sees a third of the
+    # pairs on every mesh
+    for m in ["2x2", "3x2", "2x4"]:
+        for i, (s, d) in enumerate(pairs):
+            cases.append(Case(m, s, d, SHAPES_2D[i % 6]))
+            cases.append(Case(m, s, d, SHAPES_2D[(i + 3) % 6]))
+    rng = random.Random(2024)
+    # S(-1) spelled in src/dst
+    for m in ["2x2", "3x2"]:
+        for s, d in rng.sample(pairs, 40):
+            s2 = tuple("S(-1)" if p == "S(1)" else p for p in s)
+            d2 = tuple("S(-1)" if p == "S(1)" else p for p in d)
+            cases.append(Case(m, s2, d2, rng.choice(UNEVEN)))
+    # partial reduce ops
+    p_pairs = [(s, d) for s, d in pairs if "P" in s or "P" in d]
+    for op in OPS:
+        for m, k in [("2x2", 50), ("3x2", 25), ("2x4", 25)]:
+            for s, d in rng.sample(p_pairs, k):
+                cases.append(Case(m, with_op(s, op), with_op(d, op), rng.choice(SHAPES_2D)))
+    # dtypes
+    for dt in [F64, BF16, C64]:
+        for m in ["2x2", "3x2", "2x4"]:
+            for s, d in rng.sample(pairs, 30):
+                cases.append(Case(m, s, d, rng.choice(SHAPES_2D), dt))
+            for op in OPS:
+                for s, d in rng.sample(p_pairs, 4):
+                    cases.append(Case(m, with_op(s, op), with_op(d, op), rng.choice(UNEVEN), dt))
+    # 3-D tensors with S(2)
+    v3 = ["R", "S(0)", "S(2)", "P"]
+    pairs3 = [(s, d) for s in lists(v3, 2) for d in lists(v3, 2)]
+    for m in ["2x2", "2x4"]:
+        for s, d in rng.sample(pairs3, 40):
+            cases.append(Case(m, s, d, rng.choice([(4, 3, 5), (2, 6, 8), (5, 0, 3)])))
+    return cases
+
+
+def three_d_cases():
+    cases = []
+    rng = random.Random(777)
+    all3 = lists(V2, 3)
+    # stratified: every src list with 5 random dst lists (and every dst list
+    # with 2 random src lists)
+    for s in all3:
+        for d in rng.sample(all3, 5):
+            cases.append(Case("2x2x2", s, d, rng.choice(SHAPES_2D)))
+    for d in all3:
+        for s in rng.sample(all3, 2):
+            cases.append(Case("2x2x2", s, d, rng.choice(SHAPES_2D), rng.choice([F32, F64, BF16])))
+    p3 = [(s, d) for s in all3 for d in all3 if "P" in s or "P" in d]
+    for op in OPS:
+        for s, d in rng.sample(p3, 25):
+            cases.append(Case("2x2x2", with_op(s, op), with_op(d, op), rng.choice(SHAPES_2D)))
+    for s, d in rng.sample([(s, d) for s in all3 for d in all3], 20):
+        cases.append(Case("2x2x2", s, d, rng.choice(UNEVEN), C64))
+    return cases
+
+
+def mesh_variant_cases():
+    """Size-1 dims, explicit/permuted rank tensors, submeshes, _unflatten, flatten."""
+    cases = []
+    rng = random.Random(99)
+    variants = {
+        "1x4": 2, "2x1x2": 3, "4x1": 2,
+        "explicit2x2": 2, "explicit3x2": 2,
+        "colmajor2x4": 2, "colmajor2x2x2": 3,
+        "reversed2x2": 2, "reversed1d4": 1,
+        "sub_ac_of_2x2x2": 2, "sub_b_of_2x2x2": 1, "sub_bc_of_2x2x2": 2,
+        "sub_tp_of_2x4": 1,
+        "unflat4_2x2": 2, "unflat8_2x2x2": 3, "unflat8_4x2": 2,
+        "flat_ac_of_2x2x2": 1,
+    }
+    for m, nd in variants.items():
+        vocab = V1 if nd == 1 else V2
+        all_l = lists(vocab, nd)
+        pairs = [(s, d) for s in all_l for d in all_l]
+        k = min(len(pairs), 40)
+        for s, d in rng.sample(pairs, k):
+            cases.append(Case(m, s, d, rng.choice(SHAPES_2D), rng.choice([F32, F32, F64, BF16])))
+        p_pairs = [(s, d) for s, d in pairs if "P" in s or "P" in d]
+        for op in OPS:
+            for s, d in rng.sample(p_pairs, min(4, len(p_pairs))):
+                cases.append(Case(m, with_op(s, op), with_op(d, op), rng.choice(UNEVEN)))
+    return cases
+
+
+def api_variant_cases():
+    """redistribute() keyword variants and the redist_opt.enabled() route."""
+    cases = []
+    rng = random.Random(5)
+    pool = [
+        (m, s, d)
+        for m, nd in [("1d4", 1), ("2x2", 2), ("3x2", 2), ("2x2x2", 3)]
+        for s in lists(V2, nd)
+        for d in lists(V2, nd)
+    ]
+    for m, s, d in rng.sample(pool, 60):
+        cases.append(Case(m, s, d, rng.choice(SHAPES_2D), via="enabled"))
+    for m, s, d in rng.sample(pool, 40):
+        cases.append(Case(m, s, d, rng.choice(SHAPES_2D), pass_mesh=True))
+    for m, s, d in rng.sample(pool, 40):
+        cases.append(Case(m, s, d, rng.choice(SHAPES_2D), dst_as_strings=True))
+    for m, s, d in rng.sample(pool, 25):
+        cases.append(Case(m, s, d, rng.choice(UNEVEN), F32, kwargs=(("forward_dtype", F64),)))
+    for m, s, d in rng.sample(pool, 15):
+        cases.append(Case(m, s, d, rng.choice(UNEVEN), F32, kwargs=(("forward_dtype", BF16),)))
+    for m, s, d in rng.sample(pool, 15):
+        cases.append(Case(m, s, d, rng.choice(UNEVEN), F32, kwargs=(("async_op", True),)))
+    return cases
+
+
+def all_cases():
+    groups = {
+        "1d": one_d_cases(),
+        "2d": two_d_cases(),
+        "3d": three_d_cases(),
+        "mesh_variants": mesh_variant_cases(),
+        "api": api_variant_cases(),
+    }
+    return {k: _dedupe(v) for k, v in groups.items()}
