@@ -193,6 +193,38 @@ def _run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.T
     raise AssertionError(f"unknown collective {name}")
 
 
+def check_input_shape(gm: fx.GraphModule, x: torch.Tensor, device_mesh) -> None:
+    """Refuse a local tensor whose shape is not what its placements define.
+
+    A DTensor built with ``from_local(..., run_check=False)`` and a wrong shape
+    would otherwise produce a silently wrong result.
+    """
+    expected = next(iter(gm.graph.nodes)).meta["shape"]
+    if all(isinstance(e, sym.sympy.Integer) for e in expected):
+        shapes = {None: tuple(int(e) for e in expected)}
+    else:
+        coords = rank_coordinates(device_mesh)
+        if isinstance(coords, tuple):
+            shapes = {None: tuple(sym.evaluate(e, coords) for e in expected)}
+        else:
+            shapes = {r: tuple(sym.evaluate(e, c) for e in expected) for r, c in coords.items()}
+    locals_ = getattr(x, "_local_tensors", None)
+    for rank, want in shapes.items():
+        if locals_ is not None:
+            items = [(r, t) for r, t in locals_.items() if rank is None or r == rank]
+        else:
+            items = [(rank, x)]
+        for r, t in items:
+            if tuple(t.shape) != want:
+                from .placements import RedistributeError
+
+                who = "this rank" if r is None else f"rank {r}"
+                raise RedistributeError(
+                    f"the local tensor on {who} has shape {tuple(t.shape)} but its placements "
+                    f"define a local shape {want}: the DTensor's spec does not match its data"
+                )
+
+
 def execute(
     gm: fx.GraphModule,
     local_tensor: torch.Tensor,
@@ -204,6 +236,7 @@ def execute(
     """Run the IR chain on this rank's local tensor (or every simulated rank's)."""
     coords = None
     x = local_tensor
+    check_input_shape(gm, x, device_mesh)
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:

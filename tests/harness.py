@@ -534,7 +534,7 @@ class Case:
     @property
     def id(self) -> str:
         s = (
-            f"{self.mesh}-[{','.join(self.src)}]to[{','.join(self.dst)}]"
+            f"{self.mesh}-{','.join(self.src)}_to_{','.join(self.dst)}"
             f"-{'x'.join(map(str, self.shape)) or 'scalar'}-{DTYPE_NAMES[self.dtype]}"
         )
         if self.via != "function":

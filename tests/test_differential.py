@@ -1,0 +1,42 @@
+"""Differential tests: redist_opt.redistribute(..., groups="existing") against
+torch's DTensor.redistribute with the merge pass disabled, on every simulated
+rank (LocalTensorMode over the fake backend). See harness.check_case for what
+is compared and cases.py for how the cases are generated."""
+
+from __future__ import annotations
+
+import pytest
+
+from cases import all_cases
+from harness import run_case
+
+CASES = all_cases()
+
+
+def _params(group):
+    return [pytest.param(c, id=c.id) for c in CASES[group]]
+
+
+@pytest.mark.parametrize("case", _params("1d"))
+def test_1d_mesh(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("2d"))
+def test_2d_mesh(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("3d"))
+def test_3d_mesh(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("mesh_variants"))
+def test_mesh_variants(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("api"))
+def test_api_variants(case):
+    run_case(case)
