@@ -20,7 +20,26 @@ from .lower import check_transition, greedy_steps, lower_steps, unsupported_reas
 from .mesh import MeshGroup, MeshSpec
 from .placements import RedistributeError, normalize_placements, placements_str
 
-__all__ = ["Plan", "make_plan", "Collective"]
+__all__ = ["Plan", "make_plan", "Collective", "Note"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    """A decision a pass made or declined, for ``explain`` ("say why not").
+
+    ``made`` is True for a rewrite that was applied; ``reason`` says why it was
+    legal and chosen, or why it was not made (no group with that layout, ranks
+    overlap, reduce op mismatch, cost, ...).
+    """
+
+    pass_name: str  # kebab-case pass name, e.g. "merge-reductions"
+    made: bool
+    what: str  # e.g. "all_reduce(a) + all_reduce(c) -> all_reduce(a+c)"
+    reason: str
+
+    def __str__(self) -> str:
+        verdict = "merged" if self.made else "not merged"
+        return f"[{self.pass_name}] {self.what}: {verdict}: {self.reason}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +66,7 @@ class Plan:
     fallback_reason: str | None = None
     # Passes that ran and changed the IR, in order, and merges that were not made.
     applied_passes: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     @property
     def fallback(self) -> bool:

@@ -33,8 +33,8 @@ def fake_process_group():
     yield
 
 
-def pytest_collection_modifyitems(session, config, items):
-    for item in items:
+def pytest_collection_finish(session):
+    for item in session.items:  # after -k/-m deselection
         _collected[item.location[0]] += 1
 
 

@@ -468,8 +468,30 @@ def local_tensors(dt: DTensor) -> dict[int, torch.Tensor]:
     return t._local_tensors
 
 
+def collective_kind(op: Any) -> str:
+    """Collective class of a CommDebugMode key: torch issues an all-to-all as
+    ``_dtensor.shard_dim_alltoall``, a reimplementation may use
+    ``all_to_all_single``; both are one all_to_all."""
+    name = str(op).split(".")[-1].lower()
+    for kind, keys in [
+        ("all_to_all", ("alltoall", "all_to_all")),
+        ("all_gather", ("all_gather", "allgather")),
+        ("reduce_scatter", ("reduce_scatter",)),
+        ("all_reduce", ("all_reduce", "allreduce")),
+        ("broadcast", ("broadcast",)),
+        ("scatter", ("scatter",)),
+        ("gather", ("gather",)),
+    ]:
+        if any(k in name for k in keys):
+            return kind
+    return name
+
+
 def _count(cdm: CommDebugMode) -> tuple[Counter, int]:
-    c = Counter({str(k): v for k, v in cdm.get_comm_counts().items() if v})
+    c: Counter = Counter()
+    for k, v in cdm.get_comm_counts().items():
+        if v:
+            c[collective_kind(k)] += v
     return c, cdm.get_total_counts()
 
 
