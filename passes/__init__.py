@@ -3,31 +3,36 @@
 Each entry is a ``torch.fx.passes.infra.pass_base.PassBase`` subclass in its own
 module of this package, with its rewrite rule and legality conditions in its
 docstring and its own test file. ``redist_opt.optimize`` instantiates every
-pass with a :class:`PassContext` (the mesh, the groups policy, the cost model)
-and runs them under ``torch.fx.passes.infra.PassManager`` with the IR verifier
-after each pass.
-
-The pipeline is empty until the merge / reorder passes land (issue 3): the
-naive lowering is then the optimized plan, which is what DTensor does with its
-merge pass disabled.
+pass with a :class:`PassContext` and runs them under
+``torch.fx.passes.infra.PassManager`` with the IR verifier after each pass.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from passes.context import PassContext, RedistPass
+from passes.merge_all_gathers import MergeAllGathers
+from passes.merge_all_to_alls import MergeAllToAlls
+from passes.merge_reduce_scatters import MergeReduceScatters
+from passes.merge_reductions import MergeReductions
+from passes.reorder_collectives import ReorderCollectives
 
-from redist_opt.mesh import MeshSpec
+__all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
 
-__all__ = ["PassContext", "DEFAULT_PIPELINE"]
+# The default pipeline, in order.
+DEFAULT_PIPELINE: list[type[RedistPass]] = [
+    # Move commuting collectives so same-kind ones are adjacent and bytes shrink:
+    # local chunking first, then scatters, reductions, all_to_alls, gathers last.
+    ReorderCollectives,
+    # Fuse adjacent collectives of one kind over disjoint mesh dims onto product groups.
+    MergeReductions,
+    MergeReduceScatters,
+    MergeAllGathers,
+    MergeAllToAlls,
+]
 
 
-@dataclasses.dataclass(frozen=True)
-class PassContext:
-    """What every pass may read: rank-independent facts only (same plan on every rank)."""
-
-    mesh: MeshSpec
-    groups: str = "existing"
-
-
-# The default pipeline, in order. Each item is a PassBase subclass taking a PassContext.
-DEFAULT_PIPELINE: list[type] = []
+def pass_by_name(name: str) -> type[RedistPass]:
+    for cls in DEFAULT_PIPELINE:
+        if cls.name == name:
+            return cls
+    raise KeyError(f"no pass named {name!r}; known: {[c.name for c in DEFAULT_PIPELINE]}")

@@ -47,14 +47,31 @@ def plan(
     return make_plan(_as_spec(mesh), src, dst, shape, dtype)
 
 
-def optimize(p: Plan, *, groups: str | Sequence = "existing", passes=None) -> Plan:
-    """Run the pass pipeline (``passes/``) over ``p``; returns a new plan."""
+def optimize(
+    p: Plan,
+    *,
+    groups: str | Sequence = "existing",
+    passes=None,
+    cost=None,
+    prefer: str = "time",
+) -> Plan:
+    """Run the pass pipeline (``passes/``) over ``p``; returns a new plan.
+
+    ``groups``: "existing" (only communicators that exist), "create", or a list of
+    mesh-dim groups (``["dp+cp"]``) that may be created. ``cost``: a
+    :class:`~redist_opt.cost.CostModel` (default: NCCL-like). ``prefer``: "time",
+    or "consistency" to merge every reduction a group allows (bitwise-equal
+    replicas) whatever the cost. ``passes``: a list of pass classes to run
+    instead of the default pipeline.
+    """
     _check_groups(groups)
+    if prefer not in ("time", "consistency"):
+        raise RedistributeError(f"prefer={prefer!r}: expected 'time' or 'consistency'")
     if p.fallback:
         return p
     from .pipeline import run_pipeline
 
-    return run_pipeline(p, groups=groups, passes=passes)
+    return run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
 
 
 def _as_spec(mesh) -> MeshSpec:
@@ -91,6 +108,9 @@ def redistribute_local_tensor(
     *,
     async_op: bool = False,
     groups: str | Sequence = "existing",
+    passes=None,
+    cost=None,
+    prefer: str = "time",
 ) -> torch.Tensor:
     """redist_opt's version of torch's ``redistribute_local_tensor`` (same contract)."""
     device_mesh = current_spec.mesh
@@ -113,7 +133,7 @@ def redistribute_local_tensor(
     if reason is not None:
         _warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
         return tdt.torch_redistribute_local(local_tensor, current_spec, target_spec, async_op=async_op)
-    opt = optimize(p, groups=groups)
+    opt = optimize(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
     try:
         return execute(opt.graph, local_tensor, device_mesh, groups=groups, async_op=async_op)
     except GroupUnavailable as e:
@@ -131,9 +151,9 @@ class _Redistribute(torch.autograd.Function):
     """Mirror of torch's ``Redistribute`` with our local redistribution."""
 
     @staticmethod
-    def forward(ctx, input, device_mesh, placements, async_op, dtype_config, groups):  # type: ignore[override]
+    def forward(ctx, input, device_mesh, placements, async_op, dtype_config, options):  # type: ignore[override]
         ctx.async_op = async_op
-        ctx.groups = groups
+        ctx.options = options
         ctx.bwd_op_dtype, ctx.bwd_out_dtype = dtype_config["backward"]
         op_dtype, out_dtype = dtype_config["forward"]
         local = input._local_tensor
@@ -145,7 +165,7 @@ class _Redistribute(torch.autograd.Function):
         if current_spec.placements != placements:
             target_spec = tdt.make_spec(device_mesh, placements, current_spec.tensor_meta)
             output = redistribute_local_tensor(
-                local, current_spec, target_spec, async_op=async_op, groups=groups
+                local, current_spec, target_spec, async_op=async_op, **options
             )
         else:
             output, target_spec = local, current_spec
@@ -157,7 +177,7 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
         out = _NestedRedistribute.apply(
-            grad_output, ctx.current_spec, ctx.async_op, ctx.bwd_op_dtype, ctx.bwd_out_dtype, ctx.groups
+            grad_output, ctx.current_spec, ctx.async_op, ctx.bwd_op_dtype, ctx.bwd_out_dtype, ctx.options
         )
         return out, None, None, None, None, None
 
@@ -166,8 +186,8 @@ class _NestedRedistribute(torch.autograd.Function):
     """The backward of a redistribution is itself a planned redistribution."""
 
     @staticmethod
-    def forward(ctx, grad_output, previous_spec, async_op, op_dtype, out_dtype, groups):  # type: ignore[override]
-        ctx.async_op, ctx.op_dtype, ctx.groups = async_op, op_dtype, groups
+    def forward(ctx, grad_output, previous_spec, async_op, op_dtype, out_dtype, options):  # type: ignore[override]
+        ctx.async_op, ctx.op_dtype, ctx.options = async_op, op_dtype, options
         ctx.original_dtype = grad_output._local_tensor.dtype
         local = grad_output._local_tensor
         current_spec = grad_output._spec
@@ -183,7 +203,7 @@ class _NestedRedistribute(torch.autograd.Function):
         )
         previous_spec = tdt.respec(previous_spec, placements=normalized)
         output = redistribute_local_tensor(
-            local, current_spec, previous_spec, async_op=async_op, groups=groups
+            local, current_spec, previous_spec, async_op=async_op, **options
         )
         if output.dtype != out_dtype:
             output = output.to(out_dtype)
@@ -198,7 +218,7 @@ class _NestedRedistribute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad2_output):  # type: ignore[override]
         out = _NestedRedistribute.apply(
-            grad2_output, ctx.current_spec, ctx.async_op, ctx.op_dtype, ctx.original_dtype, ctx.groups
+            grad2_output, ctx.current_spec, ctx.async_op, ctx.op_dtype, ctx.original_dtype, ctx.options
         )
         return out, None, None, None, None, None
 
@@ -212,11 +232,16 @@ def redistribute(
     forward_dtype: torch.dtype | None = None,
     backward_dtype: torch.dtype | None = None,
     groups: str | Sequence = "existing",
+    passes=None,
+    cost=None,
+    prefer: str = "time",
 ) -> DTensor:
     """Drop-in for ``DTensor.redistribute`` that plans and optimizes the collectives.
 
     ``groups="existing"`` uses only process groups that already exist;
     ``groups="create"`` lets merged collectives create flattened groups on first use.
+    ``passes``, ``cost`` and ``prefer`` are passed to :func:`optimize`
+    (``passes=[]`` runs DTensor's own plan through redist_opt's runtime).
     """
     _check_groups(groups)
     if not isinstance(dtensor, DTensor):
@@ -246,7 +271,8 @@ def redistribute(
         "forward": (forward_dtype, forward_dtype),
         "backward": (backward_dtype or input_dtype, input_dtype),
     }
-    return _Redistribute.apply(dtensor, device_mesh, target, async_op, dtype_config, groups)
+    options = dict(groups=groups, passes=None if passes is None else tuple(passes), cost=cost, prefer=prefer)
+    return _Redistribute.apply(dtensor, device_mesh, target, async_op, dtype_config, options)
 
 
 def _check_spec_matches(dtensor: DTensor) -> None:
@@ -276,10 +302,11 @@ _route_stack: list = []
 
 
 @contextlib.contextmanager
-def enabled(groups: str | Sequence = "existing"):
+def enabled(groups: str | Sequence = "existing", **options):
     """Route ``DTensor.redistribute`` through redist_opt inside the block.
 
-    Patches the method process-wide (DTensor has no per-thread hook); nests.
+    ``options`` (passes, cost, prefer) go to :func:`optimize`. Patches the method
+    process-wide (DTensor has no per-thread hook); nests.
     """
     _check_groups(groups)
 
@@ -292,6 +319,7 @@ def enabled(groups: str | Sequence = "existing"):
             forward_dtype=forward_dtype,
             backward_dtype=backward_dtype,
             groups=groups,
+            **options,
         )
 
     with _route_lock:

@@ -52,23 +52,160 @@ def _parse_dtype(text: str):
 
 
 def cmd_explain(args) -> int:
-    import redist_opt
+    """``redist-opt explain``: the naive and optimized plans, their cost, and why.
 
-    sizes, names = _parse_mesh(args.mesh)
-    flattened = [f for f in (args.flatten or [])]
-    spec = redist_opt.MeshSpec(sizes=sizes, names=names, flattened=flattened)
-    naive = redist_opt.plan(spec, args.src, args.dst, shape=_parse_shape(args.shape), dtype=_parse_dtype(args.dtype))
-    optimized = redist_opt.optimize(naive, groups=args.groups)
-    print("naive plan (DTensor, merge pass disabled):")
-    print(_indent(str(naive)))
-    print()
-    print(f"optimized plan (groups={args.groups}):")
-    print(_indent(str(optimized)))
+    Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
+    """
+    import contextlib
+    import json
+
+    import redist_opt
+    from redist_opt import dump, visualize
+    from redist_opt.placements import RedistributeError, normalize_placements
+
+    spec = _explain_mesh(args.mesh, args.flatten or [])
+    shape = _parse_shape(args.shape)
+    if any(s < 0 for s in shape):
+        raise CliError(f"--shape: {args.shape!r} has a negative size")
+    dtype = _parse_dtype(args.dtype)
+    for flag, text, role in (("--src", args.src, "source"), ("--dst", args.dst, "target")):
+        try:
+            normalize_placements(text, mesh_shape=spec.sizes, tensor_ndim=len(shape), role=role)
+        except RedistributeError as e:
+            raise CliError(f"{flag}: {e}") from None
+    try:
+        naive = redist_opt.plan(spec, args.src, args.dst, shape=shape, dtype=dtype)
+    except RedistributeError as e:
+        raise CliError(f"--src/--dst: {e}") from None
+    model = _explain_cost_model(args.cost_model, args.devices_per_host)
+    if args.rank_lists < 0:
+        raise CliError(f"--rank-lists: {args.rank_lists} must be >= 0")
+
+    dump_ctx = contextlib.nullcontext()
+    if args.dump_dir is not None:
+        try:
+            os.makedirs(args.dump_dir, exist_ok=True)
+        except OSError as e:
+            raise CliError(f"--dump-dir: cannot create {args.dump_dir!r}: {e.strerror or e}") from None
+        dump_ctx = _explain_env(dump.DUMP_DIR_ENV, args.dump_dir)
+    with dump_ctx:
+        try:
+            dump.dump_pass_filter_from_env()
+            optimized = redist_opt.optimize(naive, groups=args.groups, cost=model, prefer=args.prefer)
+        except ValueError as e:
+            if isinstance(e, RedistributeError) or dump.DUMP_PASSES_ENV in str(e):
+                raise CliError(str(e)) from None
+            raise
+
+    # Files first: an error there must not leave half the output on stdout.
+    plans = [("naive", naive), ("optimized", optimized)]
+    if args.svg:
+        _explain_write("--svg", args.svg, lambda: visualize.plan_graph_svg(plans))
+    if args.mesh_svg:
+        _explain_write("--mesh-svg", args.mesh_svg, lambda: visualize.mesh_svg(spec, plans))
+
+    kwargs = dict(cost_model=model, groups=args.groups, rank_limit=args.rank_lists)
+    if args.format == "json":
+        print(json.dumps(dump.explain_data(naive, optimized, **kwargs), indent=2))
+    elif args.format == "dot":
+        print(visualize.plans_to_dot(plans, name="explain"), end="")
+    else:
+        print(dump.format_explain(naive, optimized, show_ir=not args.no_ir, **kwargs))
+    if args.dump_dir is not None:
+        n = len([f for f in os.listdir(args.dump_dir) if f.endswith(".txt")])
+        print(f"redist-opt explain: {n} pass dump(s) (.txt + .dot) in {args.dump_dir}", file=sys.stderr)
     return 0
 
 
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
+def _explain_mesh(text: str, flatten: list[str]):
+    """``--mesh`` and ``--flatten`` -> MeshSpec; errors name the flag."""
+    import redist_opt
+    from redist_opt.placements import RedistributeError
+
+    sizes, names = _parse_mesh(text)
+    for name, size in zip(names, sizes):
+        if not name:
+            raise CliError(f"--mesh: {text!r} has a dim without a name (give name=size)")
+        if not name.isidentifier():
+            raise CliError(f"--mesh: dim name {name!r} must be an identifier such as dp or tp")
+        if size < 1:
+            raise CliError(f"--mesh: dim {name!r} has size {size}; sizes must be >= 1")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise CliError(f"--mesh: dim name {dup[0]!r} is given twice")
+    try:
+        spec = redist_opt.MeshSpec(sizes=sizes, names=names)
+    except RedistributeError as e:
+        raise CliError(f"--mesh: {e}") from None
+    groups = []
+    for g in flatten:
+        try:
+            dims = spec.dims_of(g)
+        except RedistributeError as e:
+            raise CliError(f"--flatten {g}: {e}") from None
+        if not dims:
+            raise CliError(f"--flatten {g!r}: give mesh dims joined by '+', e.g. dp+cp")
+        groups.append(g)
+    return spec.with_flattened(groups) if groups else spec
+
+
+def _explain_cost_model(profile: str, devices_per_host: int | None):
+    import dataclasses
+
+    from redist_opt.cost import CostModel
+
+    try:
+        if profile in ("nccl", "gloo"):
+            model = CostModel.profile(profile)
+        else:
+            model = CostModel.load(profile)
+    except OSError as e:
+        raise CliError(f"--cost-model: cannot read {profile!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CliError(f"--cost-model: {e}") from None
+    if devices_per_host is not None:
+        if devices_per_host < 1:
+            raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
+        model = dataclasses.replace(model, devices_per_host=devices_per_host)
+    return model
+
+
+def _explain_env(name: str, value: str):
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+    return ctx()
+
+
+def _explain_write(flag: str, path: str, render) -> None:
+    from redist_opt.visualize import write_text
+
+    try:
+        text = render()
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}") from None
+    try:
+        write_text(path, text)
+    except OSError as e:
+        raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
+    print(f"redist-opt explain: wrote {path}", file=sys.stderr)
+
+
+def _explain_error(message: str):
+    """argparse errors of ``explain``: one line naming the argument, exit 2 (no usage dump)."""
+    print(f"redist-opt explain: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 # -- demo: a 3-D redistribution over 8 real gloo processes -------------------------
@@ -228,15 +365,51 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
     demo.set_defaults(func=cmd_demo)
 
-    ex = sub.add_parser("explain", help="show the naive and optimized plans of one redistribution")
+    ex = sub.add_parser(
+        "explain",
+        help="show the naive and optimized plans of one redistribution",
+        description="Show the naive and optimized plans of one redistribution: collectives, "
+        "groups (dim names, layout, ranks), bytes per rank, modelled time, and why merges were "
+        "or were not made.",
+    )
+    ex.error = _explain_error
     ex.add_argument("--mesh", required=True, help="dims as name=size,... e.g. dp=2,cp=2,tp=2")
-    ex.add_argument("--flatten", action="append", help="a flattened group that exists, e.g. dp+cp")
+    ex.add_argument(
+        "--flatten", action="append", metavar="DIMS", help="a flattened group that exists, e.g. dp+cp (repeatable)"
+    )
     ex.add_argument("--src", required=True, help='source placements, e.g. "P,P,S(0)"')
     ex.add_argument("--dst", required=True, help='target placements, e.g. "R,S(0),R"')
     ex.add_argument("--shape", required=True, help="global tensor shape, e.g. 8,4")
-    ex.add_argument("--dtype", default="float32")
-    ex.add_argument("--groups", default="existing", choices=["existing", "create"])
+    ex.add_argument("--dtype", default="float32", help="torch dtype name (default float32)")
+    ex.add_argument("--groups", default="existing", choices=["existing", "create"],
+                    help="communicators merged collectives may use (default existing)")
+    ex.add_argument("--devices-per-host", type=int, metavar="N",
+                    help="ranks per host for the cost model (consecutive ranks share a host)")
+    ex.add_argument("--cost-model", default="nccl", metavar="PROFILE",
+                    help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default nccl)")
+    ex.add_argument("--prefer", default="time", choices=["time", "consistency"],
+                    help="time (default: merge where the cost model says it pays) or consistency "
+                    "(merge every reduction a group allows: bitwise-equal replicas)")
+    ex.add_argument("--format", default="text", choices=["text", "json", "dot"],
+                    help="text (default), json (schema redist_opt.explain/1) or dot (plan graph)")
+    ex.add_argument("--rank-lists", type=int, default=2, metavar="K",
+                    help="rank lists shown per collective (first K groups; default 2)")
+    ex.add_argument("--no-ir", action="store_true", help="text format: leave out the IR listings")
+    ex.add_argument("--dump-dir", metavar="DIR",
+                    help="write the IR before the pipeline and after each pass that changed it")
+    ex.add_argument("--svg", metavar="FILE", help="write the plan graph (naive | optimized) as SVG")
+    ex.add_argument("--mesh-svg", metavar="FILE", help="write the mesh diagram (ranks per collective) as SVG")
     ex.set_defaults(func=cmd_explain)
+
+    from . import bench
+
+    cal = sub.add_parser("calibrate", help="measure gloo collectives and fit a cost profile (JSON)")
+    bench.add_calibrate_arguments(cal)
+    cal.set_defaults(func=bench.cmd_calibrate)
+
+    be = sub.add_parser("bench", help="planning speed, and wall clock vs torch over 4 gloo processes")
+    bench.add_bench_arguments(be)
+    be.set_defaults(func=bench.cmd_bench)
     return parser
 
 

@@ -5,6 +5,7 @@ Interface used by the passes (keep it stable):
     model = CostModel.default()            # NCCL-like profile
     model = CostModel.profile("gloo")      # measured-on-CPU-like profile
     model = CostModel.load(path)           # written by `redist-opt calibrate`
+    model.save(path)                       # JSON; round-trips through load
     model.collective_time(kind, group, nbytes, mesh) -> seconds
         kind: "all_reduce" | "reduce_scatter" | "all_gather" | "all_to_all"
         group: MeshGroup; nbytes: bytes each rank feeds in; mesh: MeshSpec
@@ -15,9 +16,46 @@ Interface used by the passes (keep it stable):
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "PROFILE_FORMAT", "steps_and_bytes"]
+
+# The "format" tag of the JSON files ``save`` writes and ``load`` reads.
+PROFILE_FORMAT = "redist_opt.cost/1"
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+ALGORITHMS = ("ring", "tree")
+
+
+def steps_and_bytes(kind: str, p: int, nbytes: float, algorithm: str) -> tuple[int, float]:
+    """(latency steps, bytes moved per rank) of one ``kind`` collective over ``p`` ranks.
+
+    ``nbytes`` is what each rank feeds in. Ring all_reduce is a reduce_scatter plus
+    an all_gather: 2(p-1) steps moving 2(p-1)/p of the buffer; tree algorithms pay
+    about log2(p) steps per phase for the same volume (bandwidth-optimal variants).
+    all_to_all is p-1 pairwise exchanges under either algorithm.
+    """
+    if p <= 1:
+        return 0, 0.0
+    ring = algorithm == "ring"
+    log_p = math.ceil(math.log2(p))
+    if kind == "all_reduce":
+        return (2 * (p - 1) if ring else 2 * log_p), 2 * nbytes * (p - 1) / p
+    if kind == "reduce_scatter":
+        return (p - 1 if ring else log_p), nbytes * (p - 1) / p
+    if kind == "all_gather":
+        return (p - 1 if ring else log_p), nbytes * (p - 1)
+    if kind == "all_to_all":
+        return p - 1, nbytes * (p - 1) / p
+    raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(KINDS)})")
+
+
+def _as_int(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"cost profile {key}={value!r} must be an integer")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +69,16 @@ class CostModel:
     # Bandwidth per rank, bytes/second, intra-host and inter-host.
     bw_intra: float = 150e9
     bw_inter: float = 25e9
-    # Ranks per host (consecutive ranks share a host); None: all on one host.
-    devices_per_host: int | None = 8
+    # Ranks per host (consecutive rank indices share a host); None: all on one host.
+    devices_per_host: int | None = None
     # "ring" pays 2(p-1) latency steps per all_reduce, "tree" about 2*log2(p).
     algorithm: str = "tree"
     # One-off cost of creating a communicator, and the reuse it is amortized over.
     create_group: float = 50e-3
     expected_reuse: int = 1000
+    # The backend runs reduce_scatter as a full all_reduce plus a local slice (gloo's
+    # CPU reduce_scatter measures as slow as all_reduce); `calibrate` fits this.
+    reduce_scatter_as_all_reduce: bool = False
 
     @classmethod
     def default(cls) -> "CostModel":
@@ -63,39 +104,106 @@ class CostModel:
             )
         raise ValueError(f"unknown cost profile {name!r} (known: nccl, gloo)")
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        """A model from ``to_dict()`` output, or from a profile file's parsed JSON."""
+        if not isinstance(data, dict):
+            raise ValueError(f"cost profile must be a JSON object, got {type(data).__name__}")
+        if "model" in data:  # a whole profile file: {"format", "model", "calibration"}
+            fmt = data.get("format", PROFILE_FORMAT)
+            if fmt != PROFILE_FORMAT:
+                raise ValueError(f"cost profile format {fmt!r} is not {PROFILE_FORMAT!r}")
+            data = data["model"]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"cost profile has unknown field(s) {unknown} (known: {sorted(fields)})")
+        kwargs = {}
+        for key, value in data.items():
+            default = fields[key].default
+            if key == "devices_per_host":
+                kwargs[key] = None if value is None else _as_int(key, value)
+            elif isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"cost profile {key}={value!r} must be true or false")
+                kwargs[key] = value
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise ValueError(f"cost profile {key}={value!r} must be a string")
+                kwargs[key] = value
+            elif isinstance(default, int):
+                kwargs[key] = _as_int(key, value)
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"cost profile {key}={value!r} must be a number")
+                kwargs[key] = float(value)
+        model = cls(**kwargs)
+        model.validate()
+        return model
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"cost profile algorithm {self.algorithm!r} is not one of {ALGORITHMS}")
+        for key in ("launch", "alpha_intra", "alpha_inter", "create_group"):
+            value = getattr(self, key)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"cost profile {key}={value!r} must be a finite number >= 0")
+        for key in ("bw_intra", "bw_inter"):
+            value = getattr(self, key)
+            if not value > 0:
+                raise ValueError(f"cost profile {key}={value!r} must be > 0 (bytes/second)")
+        if self.devices_per_host is not None and self.devices_per_host < 1:
+            raise ValueError(f"cost profile devices_per_host={self.devices_per_host} must be >= 1")
+        if self.expected_reuse < 1:
+            raise ValueError(f"cost profile expected_reuse={self.expected_reuse} must be >= 1")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CostModel":
+        """Read a profile written by :meth:`save` or ``redist-opt calibrate``."""
+        with open(path) as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"cost profile {os.fspath(path)!r} is not valid JSON: {e}") from None
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"cost profile {os.fspath(path)!r}: {e}") from None
+
+    def save(self, path: str | os.PathLike, *, calibration: dict | None = None) -> None:
+        """Write the model as JSON; ``calibration`` (measurements, fit) rides along unread."""
+        data = {"format": PROFILE_FORMAT, "model": self.to_dict()}
+        if calibration is not None:
+            data["calibration"] = calibration
+        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+
     def _link(self, group, mesh) -> tuple[float, float]:
         """(alpha, bandwidth) of the slowest link the group spans."""
         if self.devices_per_host is None or mesh is None:
             return self.alpha_intra, self.bw_intra
-        # A group stays within a host when every member's rank index lies in the
-        # same block of devices_per_host consecutive indices: its span (the
-        # largest index offset) is below the host size and it is aligned.
-        span = sum((s - 1) * d for s, d in zip(group.layout.shape, group.layout.stride))
-        if span < self.devices_per_host and all(
-            d < self.devices_per_host for d in group.layout.stride
-        ) and self.devices_per_host % max(1, span + 1) == 0:
+        # A group stays within a host when every mode of its layout tiles the
+        # host's block of consecutive rank indices: size*stride divides it.
+        if all(self.devices_per_host % (s * d) == 0 for s, d in zip(group.layout.shape, group.layout.stride)):
             return self.alpha_intra, self.bw_intra
         return self.alpha_inter, self.bw_inter
 
     def collective_time(self, kind: str, group, nbytes: int, mesh=None) -> float:
         p = group.size
         if p <= 1:
+            if kind not in KINDS:
+                raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(KINDS)})")
             return 0.0
         alpha, bw = self._link(group, mesh)
-        if kind == "all_reduce":
-            steps = 2 * (p - 1) if self.algorithm == "ring" else 2 * math.ceil(math.log2(p))
-            moved = 2 * nbytes * (p - 1) / p
-        elif kind == "reduce_scatter":
-            steps = p - 1 if self.algorithm == "ring" else math.ceil(math.log2(p))
-            moved = nbytes * (p - 1) / p
-        elif kind == "all_gather":
-            steps = p - 1 if self.algorithm == "ring" else math.ceil(math.log2(p))
-            moved = nbytes * (p - 1)
-        elif kind == "all_to_all":
-            steps = p - 1
-            moved = nbytes * (p - 1) / p
-        else:
-            raise ValueError(f"unknown collective kind {kind!r}")
+        if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
+            kind = "all_reduce"
+        steps, moved = steps_and_bytes(kind, p, nbytes, self.algorithm)
         return self.launch + steps * alpha + moved / bw
 
     def group_creation_time(self, group, mesh=None) -> float:

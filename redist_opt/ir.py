@@ -8,7 +8,9 @@ Op set (every op takes the local tensor first)::
     all_gather(x, group, dim)                     equal-size inputs
     all_to_all(x, group, split_dim, cat_dim)      equal chunks along split_dim
     pad_to(x, dim, size)                          zero-pad the end of dim up to size
-    pad_chunks(x, dim, n)                         torch.chunk into n, pad each chunk to the largest, concat
+    pad_nested(x, dim, counts)                    split dim into nested torch.chunk pieces (counts[0]
+                                                  outermost), pad every piece to the largest, concat
+    unpad_nested(x, dim, length, counts)          inverse of pad_nested for a dim of `length`
     narrow(x, dim, start, length)                 keep [start, start+length) of dim
     select_chunk(x, dim, n, index)                chunk `index` of torch.chunk(x, n, dim), cloned
     divide(x, divisor)                            x / divisor (R -> P(sum), P(avg) scaling)
@@ -97,9 +99,21 @@ def pad_to(shape, dim: int, size):
     return _set(shape, dim, size)
 
 
-@_ir_op("pad_chunks", collective=False)
-def pad_chunks(shape, dim: int, n: int):
-    return _set(shape, dim, sym.CeilDiv(shape[dim], n) * n)
+@_ir_op("pad_nested", collective=False)
+def pad_nested(shape, dim: int, counts: tuple):
+    return _set(shape, dim, sym.nested_max_chunk(shape[dim], counts) * _prod(counts))
+
+
+@_ir_op("unpad_nested", collective=False)
+def unpad_nested(shape, dim: int, length, counts: tuple):
+    return _set(shape, dim, length)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
 
 
 @_ir_op("narrow", collective=False)
@@ -125,7 +139,8 @@ OPS = {
         all_gather,
         all_to_all,
         pad_to,
-        pad_chunks,
+        pad_nested,
+        unpad_nested,
         narrow,
         select_chunk,
         divide,
@@ -139,10 +154,39 @@ class StepInfo:
     """One redistribution step as DTensor's planner emits it (after our lowering)."""
 
     index: int
+    # Mesh dims the step spans, in shard order (outermost first). One dim for
+    # DTensor's own steps; several once a pass merged steps.
     mesh_dims: tuple[int, ...]
     src: Placement
     dst: Placement
-    logical_shape: tuple  # size expressions, as DTensor's planner defines them
+    # Sizes, per tensor dim, before the step's mesh dims shard it (expressions).
+    logical_shape: tuple
+
+    @property
+    def kind(self) -> str:
+        """all_reduce | reduce_scatter | all_gather | all_to_all | chunk | partition."""
+        s, d = self.src, self.dst
+        if s.is_partial():
+            return "all_reduce" if d.is_replicate() else "reduce_scatter"
+        if s.is_shard():
+            return "all_gather" if d.is_replicate() else "all_to_all"
+        return "chunk" if d.is_shard() else "partition"
+
+    @property
+    def tensor_dims(self) -> frozenset[int]:
+        """Tensor dims whose layout the step changes (reductions change none)."""
+        dims = set()
+        for p in (self.src, self.dst):
+            if p.is_shard():
+                dims.add(p.dim)
+        return frozenset(dims)
+
+    @property
+    def reduce_op(self) -> str | None:
+        for p in (self.src, self.dst):
+            if p.is_partial():
+                return p.reduce_op
+        return None
 
 
 class GraphBuilder:

@@ -101,12 +101,29 @@ def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
     return tuple(device_mesh._layout)
 
 
-def device_mesh_flattened_layouts(device_mesh) -> dict[FlatLayout, str]:
-    """Collapsed layout -> name of every flattened mesh the root mesh knows."""
+def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
+    """Collapsed layout -> (mesh, mesh_dim) or ("world", None) of every communicator
+    that already exists beside ``device_mesh``'s own dims:
+
+    * each flattened mesh of the root (``root._flatten_mapping``);
+    * each dim of the root mesh itself: an ``_unflatten`` view's root is the mesh it
+      was unflattened from, whose groups span several of the view's dims;
+    * the default (world) group, when the root's rank map is ``0..world-1`` in order.
+    """
+    import torch.distributed as dist
+
     root = device_mesh._get_root_mesh()
-    out: dict[FlatLayout, str] = {}
-    for name, flat in root._flatten_mapping.items():
-        out[flat._layout.collapse()] = name
+    out: dict[FlatLayout, tuple] = {}
+    if dist.is_initialized():
+        world = dist.get_world_size()
+        rank_map = root._flatten_rank_map
+        if len(rank_map) == world and tuple(rank_map) == tuple(range(world)):
+            out[_FlatLayout((world,), (1,))] = ("world", None)
+    for d, lay in enumerate(root._layout):
+        if getattr(root, "_dim_group_names", None):
+            out[lay] = (root, d)
+    for flat in root._flatten_mapping.values():
+        out[flat._layout.collapse()] = (flat, 0)
     return out
 
 

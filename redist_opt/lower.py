@@ -30,7 +30,7 @@ from .ir import GraphBuilder, StepInfo
 from .mesh import MeshSpec
 from .placements import RedistributeError, placement_str
 
-__all__ = ["greedy_steps", "lower_steps", "unsupported_reason", "check_transition", "describe_steps"]
+__all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition", "describe_steps"]
 
 
 def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> str | None:
@@ -117,75 +117,87 @@ def greedy_steps(
 
 
 def lower_steps(mesh: MeshSpec, steps: Sequence[StepInfo], input_shape: Sequence):
-    """Expand each planner step into the ops ``redistribute_local_tensor`` runs for it."""
+    """Expand each step into the ops ``redistribute_local_tensor`` runs for it.
+
+    A step over one mesh dim lowers to exactly DTensor's ops for it. A step over
+    several mesh dims (made by a merge pass) lowers to one collective over their
+    product group, with nested padding for uneven shards (``pad_nested`` /
+    ``unpad_nested``) so every rank ends with the sizes DTensor defines.
+    """
     b = GraphBuilder(input_shape)
     for step in steps:
-        (mesh_dim,) = step.mesh_dims
-        n = mesh.sizes[mesh_dim]
-        if n == 1:
-            continue  # DTensor short-cuts single-rank mesh dims: no op at all
-        b.step = step
-        group = mesh.group((mesh_dim,))
-        c = sym.coord(mesh_dim)
-        cur, tgt = step.src, step.dst
-        if tgt.is_replicate():
-            if cur.is_partial():
-                b.emit("all_reduce", group, cur.reduce_op)
-            elif cur.is_shard():
-                _lower_all_gather(b, group, cur.dim, step.logical_shape[cur.dim], n, mesh)
-            else:
-                raise _unsupported(step, mesh)
-        elif tgt.is_shard():
-            if cur.is_partial():
-                size = b.shape[tgt.dim]
-                if not sym.is_divisible(size, n, mesh.sizes):
-                    b.emit("pad_chunks", tgt.dim, n)
-                b.emit("reduce_scatter", group, cur.reduce_op, tgt.dim)
-                if not sym.is_divisible(size, n, mesh.sizes):
-                    b.emit("narrow", tgt.dim, 0, sym.ChunkSize(size, n, c))
-            elif cur.is_replicate():
-                b.emit("select_chunk", tgt.dim, n, c)
-            elif cur.is_shard():
-                if cur.dim != tgt.dim:
-                    _lower_all_to_all(b, group, cur.dim, tgt.dim, step.logical_shape, n, c, mesh)
-            else:
-                raise _unsupported(step, mesh)
-        elif tgt.is_partial():
-            if cur.is_replicate():
-                if tgt.reduce_op == "sum":
-                    b.emit("divide", n)
-                # avg / max / min of n equal values is the value: nothing to do.
-            else:
-                raise _unsupported(step, mesh)
-        else:
-            raise _unsupported(step, mesh)
+        lower_step(b, mesh, step)
     return b.finish()
 
 
-def _lower_all_gather(b: GraphBuilder, group, dim: int, logical, n: int, mesh: MeshSpec) -> None:
-    # Shard._to_replicate_tensor: pad to the full chunk, gather, drop the tail.
-    even = sym.is_divisible(logical, n, mesh.sizes)
-    if not even:
-        b.emit("pad_to", dim, sym.CeilDiv(logical, n))
-    b.emit("all_gather", group, dim)
-    if not even:
-        b.emit("narrow", dim, 0, logical)
+def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
+    dims = tuple(d for d in step.mesh_dims if mesh.sizes[d] > 1)
+    if not dims:
+        return  # DTensor short-cuts single-rank mesh dims: no op at all
+    b.step = step
+    group = mesh.group(dims)
+    counts = tuple(mesh.sizes[d] for d in dims)
+    coords = tuple(sym.coord(d) for d in dims)
+    n = group.size
+    cur, tgt = step.src, step.dst
+    kind = step.kind
+    if kind == "all_reduce":
+        b.emit("all_reduce", group, cur.reduce_op)
+    elif kind == "reduce_scatter":
+        size = b.shape[tgt.dim]
+        even = sym.is_divisible(size, n, mesh.sizes)
+        if not even:
+            b.emit("pad_nested", tgt.dim, counts)
+        b.emit("reduce_scatter", group, cur.reduce_op, tgt.dim)
+        if not even:
+            b.emit("narrow", tgt.dim, 0, sym.nested_chunk_size(size, counts, coords))
+    elif kind == "all_gather":
+        # Shard._to_replicate_tensor: pad to the full chunk, gather, drop the padding.
+        logical = step.logical_shape[cur.dim]
+        even = sym.is_divisible(logical, n, mesh.sizes)
+        if not even:
+            b.emit("pad_to", cur.dim, sym.nested_max_chunk(logical, counts))
+        b.emit("all_gather", group, cur.dim)
+        if not even:
+            if len(dims) == 1:
+                b.emit("narrow", cur.dim, 0, logical)
+            else:
+                b.emit("unpad_nested", cur.dim, logical, counts)
+    elif kind == "all_to_all":
+        if cur.dim != tgt.dim:
+            _lower_all_to_all(b, mesh, group, cur.dim, tgt.dim, step.logical_shape, counts, coords)
+    elif kind == "chunk":
+        for d, c in zip(dims, coords):
+            b.emit("select_chunk", tgt.dim, mesh.sizes[d], c)
+    elif kind == "partition" and not cur.is_partial():
+        if tgt.reduce_op == "sum":
+            b.emit("divide", n)
+        # avg / max / min of n equal values is the value: nothing to do.
+    else:
+        raise _unsupported(step, mesh)
 
 
-def _lower_all_to_all(b, group, old_dim, new_dim, logical, n, c, mesh) -> None:
-    # Shard._to_new_shard_dim: pad old dim to the full chunk and new dim to n full
-    # chunks, exchange, then drop the padding of both.
+def _lower_all_to_all(b, mesh, group, old_dim, new_dim, logical, counts, coords) -> None:
+    # Shard._to_new_shard_dim: pad the old dim to the full chunk and the new dim to
+    # n full chunks, exchange, then drop the padding of both.
+    n = group.size
     old_even = sym.is_divisible(logical[old_dim], n, mesh.sizes)
     new_even = sym.is_divisible(logical[new_dim], n, mesh.sizes)
     if not old_even:
-        b.emit("pad_to", old_dim, sym.CeilDiv(logical[old_dim], n))
+        b.emit("pad_to", old_dim, sym.nested_max_chunk(logical[old_dim], counts))
     if not new_even:
-        b.emit("pad_to", new_dim, sym.CeilDiv(logical[new_dim], n) * n)
+        if len(counts) == 1:
+            b.emit("pad_to", new_dim, sym.CeilDiv(logical[new_dim], n) * n)
+        else:
+            b.emit("pad_nested", new_dim, counts)
     b.emit("all_to_all", group, new_dim, old_dim)
     if not old_even:
-        b.emit("narrow", old_dim, 0, logical[old_dim])
+        if len(counts) == 1:
+            b.emit("narrow", old_dim, 0, logical[old_dim])
+        else:
+            b.emit("unpad_nested", old_dim, logical[old_dim], counts)
     if not new_even:
-        b.emit("narrow", new_dim, 0, sym.ChunkSize(logical[new_dim], n, c))
+        b.emit("narrow", new_dim, 0, sym.nested_chunk_size(logical[new_dim], counts, coords))
 
 
 def _unsupported(step: StepInfo, mesh: MeshSpec) -> RedistributeError:

@@ -113,7 +113,7 @@ class MeshSpec:
         return cls(
             sizes=tuple(L.numel(lay) for lay in L.device_mesh_dim_layouts(device_mesh)),
             names=device_mesh.mesh_dim_names,
-            flattened=tuple(L.device_mesh_flattened_layouts(device_mesh)),
+            flattened=tuple(L.known_communicators(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
         )

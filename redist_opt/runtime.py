@@ -20,14 +20,16 @@ back to the unmerged plan and warns once.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
-from torch.distributed._local_tensor import enabled_local_tensor_mode, tensor_map
+from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 
+from . import layout as L
 from . import symbolic as sym
 from .ir import ir_name
 from .mesh import MeshGroup
@@ -47,11 +49,14 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
     real_dims = [d for d, n in zip(group.dims, group.sizes) if n > 1] or list(group.dims[:1])
     if len(real_dims) == 1:
         return (device_mesh, real_dims[0])
-    root = device_mesh._get_root_mesh()
-    for flat in root._flatten_mapping.values():
-        if flat._layout.collapse() == group.layout:
-            return (flat, 0)
-    if policy == "create":
+    found = L.known_communicators(device_mesh).get(group.layout)
+    if found is not None:
+        if found[0] == "world":
+            import torch.distributed as dist
+
+            return dist.group.WORLD
+        return found
+    if policy != "existing":
         names = device_mesh.mesh_dim_names
         if names is None:
             raise GroupUnavailable(
@@ -129,12 +134,23 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
     if name == "pad_to":
         dim, size = params
         return _pad_end(t, dim, size - t.size(dim))
-    if name == "pad_chunks":
-        dim, n = params
-        if t.size(dim) % n == 0:
+    if name == "pad_nested":
+        dim, counts = params
+        total = math.prod(counts)
+        if t.size(dim) % total == 0:
             return t.contiguous()
-        full = -(-t.size(dim) // n)
-        return torch.cat([_pad_end(c, dim, full - c.size(dim)) for c in _chunks(t, dim, n)], dim)
+        full = sym.evaluate(sym.nested_max_chunk(t.size(dim), counts), ())
+        pieces = [t]
+        for n in counts:
+            pieces = [c for p in pieces for c in _chunks(p, dim, n)]
+        return torch.cat([_pad_end(c, dim, full - c.size(dim)) for c in pieces], dim)
+    if name == "unpad_nested":
+        dim, length, counts = params
+        sizes = sym.nested_chunk_sizes(length, counts)
+        slot = t.size(dim) // len(sizes)
+        if all(s == slot for s in sizes):
+            return t
+        return torch.cat([t.narrow(dim, k * slot, s) for k, s in enumerate(sizes)], dim)
     if name == "narrow":
         dim, start, length = params
         if start == 0 and length == t.size(dim):
@@ -152,18 +168,21 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
 def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:
     symbolic = [i for i, p in enumerate(params) if isinstance(p, sym.sympy.Basic) and p.free_symbols]
     ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
-    if not symbolic:
+    per_rank_tensors = isinstance(x, LocalTensor) and enabled_local_tensor_mode() is not None
+    if not symbolic and not per_rank_tensors:
         return _local_op(name, x, ints)
 
     def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
-        c = coords if isinstance(coords, tuple) else coords[rank]
         vals = list(ints)
-        for i in symbolic:
-            vals[i] = sym.evaluate(params[i], c)
+        if symbolic:
+            c = coords if isinstance(coords, tuple) else coords[rank]
+            for i in symbolic:
+                vals[i] = sym.evaluate(params[i], c)
         return _local_op(name, t, vals)
 
-    if isinstance(coords, tuple):
+    if not per_rank_tensors:
         return on_rank(-1, x)
+    # Simulated ranks may hold different sizes: run the op on each rank's tensor.
     return tensor_map(x, on_rank)
 
 
@@ -248,9 +267,7 @@ def execute(
             if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
                 x = x.wait()
         else:
-            if coords is None and any(
-                isinstance(p, sym.sympy.Basic) and p.free_symbols for p in params
-            ):
+            if coords is None and any(isinstance(p, sym.sympy.Basic) and p.free_symbols for p in params):
                 coords = rank_coordinates(device_mesh)
             x = _run_local(name, x, params, coords)
     return x

@@ -107,6 +107,28 @@ def chunk_start(length: int, n: int, i: int) -> int:
     return min(length, full * i)
 
 
+def nested_chunk_size(length, counts: Sequence[int], coords: Sequence) :
+    """Size of the piece at ``coords`` after chunking ``length`` by counts[0], then counts[1], ..."""
+    for n, c in zip(counts, coords):
+        length = ChunkSize(length, n, c)
+    return length
+
+
+def nested_max_chunk(length, counts: Sequence[int]):
+    """The largest piece of a nested chunking: the first one, ceil at every level."""
+    for n in counts:
+        length = CeilDiv(length, n)
+    return length
+
+
+def nested_chunk_sizes(length: int, counts: Sequence[int]) -> list[int]:
+    """All piece sizes of a nested chunking of a concrete length, row-major."""
+    sizes = [length]
+    for n in counts:
+        sizes = [chunk_size(s, n, i) for s in sizes for i in range(n)]
+    return sizes
+
+
 def as_expr(x) -> sympy.Expr:
     return x if isinstance(x, sympy.Basic) else sympy.Integer(int(x))
 

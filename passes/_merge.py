@@ -1,0 +1,195 @@
+"""Shared machinery of the merge passes: finding runs, choosing a partition by cost.
+
+Each merge pass states its own rule and legality; this module only finds the
+maximal runs of adjacent steps with one ``merge_key`` and searches the ways to
+split a run into merged blocks, keeping the cheapest under the cost model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from torch.fx.passes.infra.pass_base import PassResult
+
+from passes.context import GroupChoice, RedistPass
+from redist_opt import ir
+from redist_opt import steps as S
+
+
+@dataclasses.dataclass
+class Block:
+    members: tuple[int, ...]  # indices into the run
+    dims: tuple[int, ...]  # merged mesh dims, in group order
+    choice: GroupChoice | None
+    why: str
+    time: float
+
+
+def runs(regs: Sequence[S.Region], kind: str, chain_ok: Callable[[ir.StepInfo, ir.StepInfo], bool]):
+    """Maximal runs (start, end) of adjacent regions of ``kind`` with one merge key."""
+    out, i = [], 0
+    while i < len(regs):
+        if regs[i].step.kind != kind:
+            i += 1
+            continue
+        j = i + 1
+        key = S.merge_key(regs[i].step)
+        while (
+            j < len(regs)
+            and S.merge_key(regs[j].step) == key
+            and chain_ok(regs[j - 1].step, regs[j].step)
+            and not set(regs[j].step.mesh_dims) & {d for r in regs[i:j] for d in r.step.mesh_dims}
+        ):
+            j += 1
+        if j - i >= 2:
+            out.append((i, j))
+        i = j
+    return out
+
+
+def contiguous_partitions(n: int):
+    """Ways to cut 0..n-1 into contiguous segments (2^(n-1) of them)."""
+    for mask in range(1 << (n - 1)):
+        parts, cur = [], [0]
+        for k in range(1, n):
+            if mask >> (k - 1) & 1:
+                parts.append(tuple(cur))
+                cur = [k]
+            else:
+                cur.append(k)
+        parts.append(tuple(cur))
+        yield parts
+
+
+def set_partitions(items: Sequence[int]):
+    """All set partitions of ``items`` (Bell(n); n is at most the mesh rank)."""
+    items = list(items)
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [(first,) + part[k]] + part[k + 1 :]
+        yield [(first,)] + part
+
+
+def choose(
+    p: RedistPass,
+    partitions,
+    block_dims: Callable[[tuple[int, ...]], tuple[int, ...]],
+    block_bytes: Callable[[tuple[int, ...]], int],
+    kind: str,
+    any_order: bool,
+):
+    """The cheapest partition whose blocks all have a group; and the all-in-one verdict."""
+    ctx = p.ctx
+    cache: dict[tuple[int, ...], Block] = {}
+
+    def block(members):
+        members = tuple(sorted(members))
+        if members not in cache:
+            dims = block_dims(members)
+            choice, why = ctx.choose_group(dims, any_order=any_order)
+            t = ctx.collective_time(kind, choice, block_bytes(members)) if choice else float("inf")
+            cache[members] = Block(members, choice.group.dims if choice else dims, choice, why, t)
+        return cache[members]
+
+    best, best_key = None, None
+    for part in partitions:
+        blocks = [block(tuple(m)) for m in part]
+        if any(b.choice is None for b in blocks):
+            continue
+        total = sum(b.time for b in blocks)
+        if ctx.prefer == "consistency":
+            key = (len(blocks), total)
+        else:
+            key = (round(total, 15), len(blocks))
+        if best_key is None or key < best_key:
+            best, best_key = blocks, key
+    return best, cache
+
+
+class MergeRunPass(RedistPass):
+    """Base of the merge passes: for each run of adjacent mergeable steps, pick the
+    cheapest partition into blocks that have groups, and re-lower.
+
+    Subclasses set ``kind`` and ``any_order`` and say how a block's mesh dims,
+    input bytes and merged step are formed.
+    """
+
+    kind: str = ""
+    any_order: bool = False
+
+    def chain_ok(self, first: ir.StepInfo, second: ir.StepInfo) -> bool:
+        return True
+
+    def partitions(self, n: int):
+        return contiguous_partitions(n)
+
+    def block_dims(self, run: list[S.Region], members: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(d for m in members for d in run[m].step.mesh_dims)
+
+    def block_bytes(self, run: list[S.Region], members: tuple[int, ...]) -> int:
+        return self.ctx.bytes_of(run[members[0]].nodes[0].args[0].meta["shape"])
+
+    def merged(self, run, members, dims, state: S.ShardState) -> ir.StepInfo:
+        return S.merged_step([run[m].step for m in members], dims, run[members[0]].step.index)
+
+    def call(self, graph_module):
+        regs = S.regions(graph_module)
+        found = runs(regs, self.kind, self.chain_ok)
+        if not found:
+            return PassResult(graph_module, False)
+        mesh = self.ctx.mesh
+        states = S.states_before(regs, self.ctx.src, mesh)
+        new_steps: list[ir.StepInfo] = []
+        provenance: list[tuple[str, ...]] = []
+        changed, cursor = False, 0
+
+        def keep(rs):
+            for r in rs:
+                new_steps.append(r.step)
+                provenance.append(r.inherited)
+
+        for start, end in found:
+            keep(regs[cursor:start])
+            run = regs[start:end]
+            best, tried = choose(
+                self,
+                self.partitions(len(run)),
+                lambda members: self.block_dims(run, members),
+                lambda members: self.block_bytes(run, members),
+                self.kind,
+                self.any_order,
+            )
+            labels = " + ".join(S.step_label(r.step, mesh) for r in run)
+            whole = tried.get(tuple(range(len(run))))
+            if all(len(b.members) == 1 for b in best):
+                why = whole.why if whole.choice is None else "separate collectives are cheaper under the cost model"
+                self.note(False, labels, why)
+                keep(run)
+                cursor = end
+                continue
+            if len(best) > 1:
+                self.note(False, labels + " as one", whole.why if whole.choice is None else "cost")
+            changed = True
+            for b in best:
+                if len(b.members) == 1:
+                    keep([run[b.members[0]]])
+                    continue
+                step = self.merged(run, b.members, b.dims, states[start + b.members[0]])
+                members = [run[m] for m in b.members]
+                self.note(
+                    True,
+                    " + ".join(S.step_label(m.step, mesh) for m in members) + f" -> {S.step_label(step, mesh)}",
+                    b.why,
+                )
+                new_steps.append(step)
+                provenance.append(tuple(n for m in members for n in m.origin))
+            cursor = end
+        keep(regs[cursor:])
+        if not changed:
+            return PassResult(graph_module, False)
+        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)

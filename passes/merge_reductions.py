@@ -1,0 +1,44 @@
+"""merge-reductions: adjacent all_reduces over disjoint mesh dims -> one per chosen group.
+
+Rewrite (groups a+c exists)::
+
+    all_reduce(x, {a}, sum); all_reduce(_, {c}, sum)
+  =>
+    all_reduce(x, {a+c (2,2):(4,1)}, sum)
+
+Legality:
+
+1. the all_reduces are adjacent (reorder-collectives makes them so) and use the
+   same reduce op (sum, avg, max or min: AR_op(G2) . AR_op(G1) = AR_op(G1 x G2);
+   avg over equal-size groups composes to avg over the product);
+2. they span disjoint mesh dims, so the product group has no rank twice
+   (``check_orthogonal`` on the collapsed layout);
+3. a communicator with the product's layout is available under the groups
+   policy: one that exists (a flattened mesh, a root-mesh dim an ``_unflatten``
+   view came from, the world group), or one ``groups="create"`` may create.
+   Any rank order serves: an all_reduce's result does not depend on it.
+
+Not all-or-nothing: a run over {a,b,c} with only a+b available becomes
+AR(a+b) + AR(c). Among all set partitions of the run whose blocks have groups,
+the cheapest under the cost model wins (ring all_reduces can be *slower* merged
+at small sizes); ``prefer="consistency"`` takes the fewest collectives instead,
+so replicas come from one reduction and are bitwise equal.
+
+Not done: mixing reduce ops (DTensor forbids mixed partials in one placement).
+"""
+
+from __future__ import annotations
+
+from passes import _merge
+
+
+class MergeReductions(_merge.MergeRunPass):
+    name = "merge-reductions"
+    kind = "all_reduce"
+    any_order = True
+
+    def partitions(self, n: int):
+        return _merge.set_partitions(range(n))
+
+    def block_dims(self, run, members):
+        return tuple(sorted(d for m in members for d in run[m].step.mesh_dims))

@@ -1,0 +1,223 @@
+"""Step-level view of the IR, shared by every pass.
+
+The IR is a chain of *regions*: the ops one planner step lowered to (a
+collective plus the pad/narrow ops around it), tagged by ``node.meta["step"]``.
+Passes decide at the level of steps (may these two commute? may these merge?)
+and rewrite the IR by re-lowering the changed step list through
+``redist_opt.lower.lower_step``, so the padding rules for uneven shards live in
+one place. Regions whose step a pass did not touch are re-lowered from the same
+``StepInfo`` and so produce the same ops.
+
+The one compatibility question every merge pass asks is :func:`merge_key`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch.fx as fx
+from torch.distributed.tensor.placement_types import Partial, Shard
+
+from . import ir
+from . import symbolic as sym
+from .lower import lower_step
+from .mesh import MeshSpec
+
+__all__ = [
+    "Region",
+    "regions",
+    "commute",
+    "merge_key",
+    "ShardState",
+    "relower",
+    "step_label",
+]
+
+
+@dataclasses.dataclass
+class Region:
+    step: ir.StepInfo
+    nodes: list[fx.Node]
+
+    @property
+    def collective(self) -> fx.Node | None:
+        return next((n for n in self.nodes if ir.is_collective(n)), None)
+
+    @property
+    def inherited(self) -> tuple[str, ...]:
+        """Provenance a previous pass recorded on this region's nodes (may be empty)."""
+        names: list[str] = []
+        for n in self.nodes:
+            names.extend(n.meta.get("from_node", ()))
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def origin(self) -> tuple[str, ...]:
+        """Names of the collectives this region came from (its provenance)."""
+        names: list[str] = []
+        for n in self.nodes:
+            names.extend(n.meta.get("from_node", ()) or ((n.name,) if ir.is_collective(n) else ()))
+        return tuple(dict.fromkeys(names))
+
+
+def regions(gm: fx.GraphModule) -> list[Region]:
+    out: list[Region] = []
+    for node in gm.graph.nodes:
+        if ir.ir_name(node) is None:
+            continue
+        step = node.meta.get("step")
+        if out and out[-1].step is step:
+            out[-1].nodes.append(node)
+        else:
+            out.append(Region(step, [node]))
+    return out
+
+
+def step_label(step: ir.StepInfo, mesh: MeshSpec) -> str:
+    """``all_reduce(a+c)`` style label used in notes and logs."""
+    dims = "+".join(mesh.dim_name(d) for d in step.mesh_dims)
+    return f"{step.kind}({dims})"
+
+
+# -- the compatibility key ------------------------------------------------------------
+
+
+def merge_key(step: ir.StepInfo) -> tuple | None:
+    """Steps with equal keys over disjoint mesh dims may become one collective.
+
+    Same collective kind, same reduce op, same tensor dims (for nested shards).
+    Local steps (chunk, partition) never merge: they cost nothing.
+    """
+    if step.kind in ("chunk", "partition"):
+        return None
+    return (step.kind, step.reduce_op, tuple(sorted(step.tensor_dims)), _dst_dim(step))
+
+
+def _dst_dim(step: ir.StepInfo):
+    return step.dst.dim if isinstance(step.dst, Shard) else None
+
+
+# -- commutation -----------------------------------------------------------------------
+
+_LINEAR = {"sum", "avg"}
+
+
+def commute(a: ir.StepInfo, b: ir.StepInfo) -> str | None:
+    """None if ``a; b`` equals ``b; a`` on every rank, else the reason it does not.
+
+    Legal when (1) the steps span disjoint mesh dims, (2) they change the layout
+    of disjoint tensor dims (so neither's sizes depend on the other's chunking,
+    and shard order is kept), and (3) reductions in both use the same op, or both
+    linear ones: a sum over one group commutes with a sum over another, and with
+    any pure data movement (gathers, scatters, chunking) on other dims.
+    Replicate -> Partial steps are never moved.
+    """
+    if set(a.mesh_dims) & set(b.mesh_dims):
+        return "they share a mesh dim"
+    if a.tensor_dims & b.tensor_dims:
+        return f"both change the layout of tensor dim {sorted(a.tensor_dims & b.tensor_dims)[0]}"
+    if "partition" in (a.kind, b.kind):
+        return "Replicate -> Partial steps stay in place"
+    ra, rb = a.reduce_op, b.reduce_op
+    if ra and rb and ra != rb and not (ra in _LINEAR and rb in _LINEAR):
+        return f"reduce ops {ra} and {rb} do not commute"
+    return None
+
+
+# -- shard state -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ShardState:
+    """Which mesh dims shard each tensor dim, in shard order (outermost first)."""
+
+    order: dict[int, list[int]]
+
+    # Size-1 mesh dims are left out: chunking by 1 changes nothing, and DTensor
+    # emits no op (so no region) for them.
+
+    @classmethod
+    def of(cls, placements, mesh: MeshSpec) -> "ShardState":
+        order: dict[int, list[int]] = {}
+        for d, p in enumerate(placements):
+            if p.is_shard() and mesh.sizes[d] > 1:
+                order.setdefault(p.dim, []).append(d)
+        return cls(order)
+
+    def copy(self) -> "ShardState":
+        return ShardState({t: list(ds) for t, ds in self.order.items()})
+
+    def apply(self, step: ir.StepInfo, mesh: MeshSpec) -> None:
+        real = tuple(d for d in step.mesh_dims if mesh.sizes[d] > 1)
+        if step.src.is_shard():
+            dims = self.order.get(step.src.dim, [])
+            k = len(real)
+            if k and tuple(dims[-k:]) != real:
+                raise AssertionError(
+                    f"step {step} unshards mesh dims {step.mesh_dims} but tensor dim "
+                    f"{step.src.dim} is sharded by {dims} (innermost last)"
+                )
+            if k:
+                del dims[-k:]
+        if step.dst.is_shard():
+            self.order.setdefault(step.dst.dim, []).extend(real)
+
+    def logical_shape(self, global_shape, mesh: MeshSpec, exclude: Sequence[int]) -> tuple:
+        """Sizes of every tensor dim chunked by its sharding dims other than ``exclude``."""
+        out = []
+        for t, size in enumerate(global_shape):
+            e = sym.as_expr(size)
+            for d in self.order.get(t, []):
+                if d not in exclude:
+                    e = sym.ChunkSize(e, mesh.sizes[d], sym.coord(d))
+            out.append(e)
+        return tuple(out)
+
+
+def states_before(regs: Sequence[Region], src, mesh: MeshSpec) -> list[ShardState]:
+    """The shard state before each region, replaying the steps from ``src``."""
+    state = ShardState.of(src, mesh)
+    out = []
+    for r in regs:
+        out.append(state.copy())
+        state.apply(r.step, mesh)
+    return out
+
+
+def with_state_logical_shape(
+    step: ir.StepInfo, state: ShardState, global_shape, mesh: MeshSpec
+) -> ir.StepInfo:
+    """The step with its logical shape recomputed from the actual state before it."""
+    return dataclasses.replace(
+        step, logical_shape=state.logical_shape(global_shape, mesh, step.mesh_dims)
+    )
+
+
+def merged_step(steps: Sequence[ir.StepInfo], mesh_dims: Sequence[int], index: int) -> ir.StepInfo:
+    first = steps[0]
+    src = first.src
+    if isinstance(src, Partial):
+        src = Partial(src.reduce_op)
+    return ir.StepInfo(index, tuple(mesh_dims), src, first.dst, first.logical_shape)
+
+
+# -- rewriting -------------------------------------------------------------------------
+
+
+def relower(
+    gm: fx.GraphModule,
+    mesh: MeshSpec,
+    new_steps: Sequence[ir.StepInfo],
+    provenance: Sequence[tuple[str, ...]],
+) -> fx.GraphModule:
+    """Rebuild the IR from a step list; ``provenance[i]`` names step i's source collectives."""
+    placeholder = next(iter(gm.graph.nodes))
+    b = ir.GraphBuilder(placeholder.meta["shape"])
+    for step, origin in zip(new_steps, provenance):
+        start = len(b.graph.nodes)
+        lower_step(b, mesh, step)
+        for node in list(b.graph.nodes)[start:]:
+            if origin:
+                node.meta["from_node"] = tuple(origin)
+    return b.finish()

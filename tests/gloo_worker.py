@@ -1,0 +1,175 @@
+"""Per-rank body of test_gloo.py: real processes, gloo over loopback.
+
+Each rank builds the same inputs (same seeds), runs torch's
+DTensor.redistribute (merge pass disabled) and redist_opt.redistribute on them,
+and raises AssertionError naming the case on any difference. Kept free of
+pytest imports so that spawned children import it cheaply.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+WORLD = 4
+COLLECTIVE_TIMEOUT_S = 60
+
+# (mesh, src, dst, shape, dtype name)   mesh: "2x2" or "b" (the 1-D submesh)
+CASES = [
+    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (4, 6), "f32"),       # all_to_all
+    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (5, 3), "f32"),       # all_to_all, uneven
+    ("2x2", ["R", "S(1)"], ["R", "S(0)"], (3, 7), "f32"),       # all_to_all, uneven
+    ("2x2", ["P", "R"], ["R", "R"], (4, 4), "f32"),             # all_reduce sum
+    ("2x2", ["P", "P"], ["S(0)", "S(1)"], (5, 3), "f32"),       # reduce_scatter, uneven
+    ("2x2", ["P(avg)", "P(avg)"], ["R", "S(0)"], (5, 3), "f32"),  # avg
+    ("2x2", ["P(avg)", "R"], ["S(1)", "R"], (4, 6), "f64"),     # avg reduce_scatter
+    ("2x2", ["P(max)", "R"], ["S(1)", "R"], (3, 5), "f32"),
+    ("2x2", ["S(0)", "S(1)"], ["R", "R"], (7, 5), "f32"),       # all_gather, uneven
+    ("2x2", ["S(0)", "S(0)"], ["R", "S(0)"], (7, 5), "f32"),    # nested shard
+    ("2x2", ["R", "S(0)"], ["S(0)", "S(0)"], (3, 7), "bf16"),
+    ("2x2", ["S(1)", "P"], ["S(0)", "R"], (5, 3), "f32"),
+    ("2x2", ["P", "S(0)"], ["S(1)", "S(1)"], (6, 4), "c64"),
+    ("2x2", ["S(0)", "R"], ["R", "R"], (0, 4), "f32"),          # zero-size
+    ("b", ["S(0)"], ["S(1)"], (5, 3), "f32"),                   # 1-D submesh
+    ("b", ["P"], ["S(0)"], (3, 2), "f32"),
+    ("2x2", ["S(0)", "R"], ["P", "R"], (4, 4), "f32"),          # rejected by both
+]
+ROUTED_CASE = ("2x2", ["P", "S(1)"], ["S(0)", "R"], (5, 3), "f32")
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def worker(rank: int, port: int) -> None:
+    sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+    from torch.distributed.tensor._redistribute import (
+        disable_redistribute_transform_optimization,
+    )
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    import redist_opt
+    from harness import collective_kind, parse_placement, pstr
+
+    dtypes = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16,
+              "c64": torch.complex64}
+
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    try:
+        mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        meshes = {"2x2": mesh2, "b": mesh2["b"]}
+
+        def rand(shape, dtype, seed):
+            g = torch.Generator().manual_seed(seed)
+            if dtype.is_complex:
+                return torch.randn(*shape, generator=g, dtype=dtype)
+            return torch.randn(*shape, generator=g).to(dtype)
+
+        def make_input(mesh, src, shape, dtype, seed):
+            src_p = [parse_placement(p) for p in src]
+            g = rand(shape, dtype, seed)
+            base = [Replicate() if p.is_partial() else p for p in src_p]
+            local = distribute_tensor(g, mesh, base, src_data_rank=None).to_local()
+            if any(p.is_partial() for p in src_p):
+                coord = mesh.get_coordinate()
+                key = tuple(c if not isinstance(p, Replicate) else 0
+                            for c, p in zip(coord, src_p))
+                local = (local + rand(tuple(local.shape), dtype, _seed(seed, key))).to(dtype)
+            return DTensor.from_local(
+                local.contiguous(), mesh, src_p, run_check=False,
+                shape=torch.Size(shape), stride=g.stride(),
+            )
+
+        def counts(cdm):
+            out = {}
+            for k, v in cdm.get_comm_counts().items():
+                if v:
+                    out[collective_kind(k)] = out.get(collective_kind(k), 0) + v
+            return out
+
+        def run(case, routed=False):
+            mname, src, dst, shape, dtn = case
+            name = f"rank {rank}: {mname} {src}->{dst} {shape} {dtn}" + (
+                " via enabled()" if routed else "")
+            mesh = meshes[mname]
+            dtype = dtypes[dtn]
+            dt = make_input(mesh, src, shape, dtype, _seed(case))
+            dst_p = [parse_placement(p) for p in dst]
+            before = dt.to_local().clone()
+            ref_err = cand_err = None
+            ref = cand = None
+            with CommDebugMode() as c1, disable_redistribute_transform_optimization():
+                try:
+                    ref = dt.redistribute(mesh, dst_p)
+                except Exception as e:  # noqa: BLE001
+                    ref_err = e
+            with CommDebugMode() as c2:
+                try:
+                    if routed:
+                        with redist_opt.enabled(groups="existing"):
+                            cand = dt.redistribute(mesh, dst_p)
+                    else:
+                        cand = redist_opt.redistribute(dt, dst_p, groups="existing")
+                except Exception as e:  # noqa: BLE001
+                    cand_err = e
+            assert torch.equal(dt.to_local(), before), f"{name}: input modified"
+            if ref_err is not None:
+                assert cand_err is not None, (
+                    f"{name}: torch raises {type(ref_err).__name__}: {ref_err} but redist_opt "
+                    "returned a DTensor")
+                assert isinstance(cand_err, (redist_opt.RedistributeError, RuntimeError)), (
+                    f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}")
+                return
+            if cand_err is not None:
+                raise AssertionError(
+                    f"{name}: torch succeeds but redist_opt raised "
+                    f"{type(cand_err).__name__}: {cand_err}") from cand_err
+            assert tuple(cand.placements) == tuple(ref.placements), (
+                f"{name}: placements {tuple(map(pstr, cand.placements))} != "
+                f"{tuple(map(pstr, ref.placements))}")
+            assert cand.shape == ref.shape, f"{name}: shape {cand.shape} != {ref.shape}"
+            a, b = ref.to_local(), cand.to_local()
+            assert b.shape == a.shape and b.dtype == a.dtype, (
+                f"{name}: local {tuple(b.shape)} {b.dtype} != {tuple(a.shape)} {a.dtype}")
+            if not torch.equal(a, b):
+                hi = torch.complex128 if a.is_complex() else torch.float64
+                d = (a.to(hi) - b.to(hi)).abs()
+                raise AssertionError(
+                    f"{name}: local values differ (max abs diff {d.max().item():.3g}, "
+                    f"{int((d != 0).sum())}/{d.numel()} elements)")
+            k1, k2 = counts(c1), counts(c2)
+            assert c2.get_total_counts() == c1.get_total_counts(), (
+                f"{name}: collective count {c2.get_total_counts()} {k2} != torch (merge "
+                f"disabled) {c1.get_total_counts()} {k1}")
+            # On CPU outside LocalTensorMode torch runs S(i)->S(j) as all_gather +
+            # chunk ("CPU process group does not support alltoall yet"); an
+            # all_to_all in its place is the same collective count. Any other
+            # difference in kinds is a failure.
+            swapped = k2.get("all_to_all", 0) - k1.get("all_to_all", 0)
+            if swapped > 0:
+                k1 = dict(k1)
+                k1["all_gather"] = k1.get("all_gather", 0) - swapped
+                k1["all_to_all"] = k1.get("all_to_all", 0) + swapped
+                k1 = {k: v for k, v in k1.items() if v}
+            assert k2 == k1, f"{name}: collectives {k2} != torch (merge disabled) {counts(c1)}"
+
+        for case in CASES:
+            run(case)
+        run(ROUTED_CASE, routed=True)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,54 @@
+"""Real multi-process run: 4 processes, gloo backend over loopback, a 2x2 mesh
+from init_device_mesh. Every rank compares redist_opt.redistribute against
+torch's DTensor.redistribute (merge pass disabled) on the cases listed in
+gloo_worker.CASES. A failure in any child fails this test with the child's
+traceback; a hang fails it after TIMEOUT_S instead of blocking the run.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import gloo_worker
+
+TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
+def test_gloo_2x2_matches_torch():
+    ctx = mp.start_processes(
+        gloo_worker.worker,
+        args=(_free_port(),),
+        nprocs=gloo_worker.WORLD,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        # join() re-raises a child's exception (ProcessRaisedException carries
+        # the child's traceback) and terminates the other children.
+        while not ctx.join(timeout=2):
+            if time.monotonic() > deadline:
+                alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
+                pytest.fail(
+                    f"gloo run did not finish within {TIMEOUT_S}s (ranks still running: {alive})"
+                )
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in ctx.processes:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
