@@ -175,7 +175,7 @@ class MergeRunPass(RedistPass):
             if len(best) > 1:
                 self.note(False, labels + " as one", whole.why if whole.choice is None else "cost")
             changed = True
-            for b in best:
+            for b in sorted(best, key=lambda b: b.members):
                 if len(b.members) == 1:
                     keep([run[b.members[0]]])
                     continue

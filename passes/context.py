@@ -61,7 +61,8 @@ class PassContext:
                 continue
             if group.layout in self.mesh.flattened_layouts:
                 return GroupChoice(group, "existing"), f"a process group with layout {_fmt(group)} exists"
-            tried.append(f"no process group has layout {_fmt(group)}")
+            if not tried:  # name the layout of the first (shard) order only
+                tried.append(f"no process group has layout {_fmt(group)}")
         allowed = self._creatable(real)
         if allowed:
             group = self.mesh.group(tuple(sorted(real)) if any_order else tuple(real))

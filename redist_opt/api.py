@@ -11,9 +11,11 @@ import contextlib
 import logging
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
@@ -74,11 +76,25 @@ def optimize(
     return run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
 
 
+_spec_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def spec_of(device_mesh) -> MeshSpec:
+    """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened mesh."""
+    root = device_mesh._get_root_mesh()
+    stamp = (len(root._flatten_mapping), dist.is_initialized())
+    hit = _spec_cache.get(device_mesh)
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, MeshSpec.from_device_mesh(device_mesh))
+        _spec_cache[device_mesh] = hit
+    return hit[1]
+
+
 def _as_spec(mesh) -> MeshSpec:
     if isinstance(mesh, MeshSpec):
         return mesh
     if hasattr(mesh, "_layout") and hasattr(mesh, "mesh_dim_names"):
-        return MeshSpec.from_device_mesh(mesh)
+        return spec_of(mesh)
     raise RedistributeError(f"expected a DeviceMesh or MeshSpec, got {type(mesh).__name__}")
 
 
@@ -123,7 +139,7 @@ def redistribute_local_tensor(
     reason = tdt.needs_torch_planner(current_spec, target_spec)
     if reason is None:
         p = make_plan(
-            MeshSpec.from_device_mesh(device_mesh),
+            spec_of(device_mesh),
             current_spec.placements,
             target_spec.placements,
             tuple(current_spec.shape),

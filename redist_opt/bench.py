@@ -338,6 +338,7 @@ def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: in
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
 
+    start = time.perf_counter()
     mesh = init_device_mesh("cpu", tuple(mesh_sizes), mesh_dim_names=tuple(names))
     groups = [(names[d], (d,), mesh.get_group(d)) for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
     # Creating a communicator: the flattened whole mesh (what groups="create" does), then
@@ -376,7 +377,7 @@ def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: in
             samples = _timed_samples(fns, iters, warmup)
             for kind, s in zip(KINDS, samples):
                 out.append(dict(kind=kind, group=label, dims=list(dims), p=p, nbytes=numel * 4, samples=s))
-    return {"measurements": out, "creation": creation}
+    return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,6 +537,7 @@ def calibrate(
         "torch": _torch_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall,
+        "measuring_s": max(r["worker_s"] for r in per_rank),
         "load_average": _loadavg(),
         "fit": {
             "algorithm": fit.algorithm,
@@ -638,7 +640,10 @@ def cmd_calibrate(args) -> int:
         return 1
     print(format_calibration(model, record))
     model.save(args.out, calibration=record)
-    print(f"\nwrote {args.out} ({record['wall_s']:.1f} s of measuring)")
+    print(
+        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring, "
+        f"the rest starting {nprocs} processes)"
+    )
     return 0
 
 
@@ -796,6 +801,7 @@ def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, c
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
+    from torch.distributed.tensor.debug import CommDebugMode
 
     import redist_opt
 
@@ -843,10 +849,15 @@ def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, c
             outs = [f_ours().to_local(), f_torch().to_local()]
             equal = all(o.shape == ref.shape and torch.allclose(o, ref, rtol=1e-5, atol=1e-5) for o in outs)
             bitwise = all(o.shape == ref.shape and torch.equal(o, ref) for o in outs)
+            counts = []
+            for f in (f_torch, f_nomerge, f_ours):
+                with CommDebugMode() as mode:
+                    f()
+                counts.append(mode.get_total_counts())
             samples = _timed_samples([f_torch, f_nomerge, f_ours], iters, warmup)
             rows.append(
                 dict(case=f"{src} -> {dst}", src=src, dst=dst, nbytes=nbytes, shape=list(shape),
-                     equal=equal, bitwise=bitwise, samples=samples)
+                     equal=equal, bitwise=bitwise, collectives=counts, samples=samples)
             )  # fmt: skip
     return rows
 
@@ -894,6 +905,7 @@ def wall_bench(
                 shape=r0["shape"],
                 equal=all(r[i]["equal"] for r in per_rank),
                 bitwise_equal=all(r[i]["bitwise"] for r in per_rank),
+                collectives=dict(zip(VARIANTS, r0["collectives"])),
                 **{f"{v}_ms": stats[v].median * 1e3 for v in VARIANTS},
                 **{f"{v}_stderr_ms": stats[v].stderr * 1e3 for v in VARIANTS},
                 ratio=ratio,
@@ -919,19 +931,26 @@ MIN_FLAG_RATIO = 0.05
 
 
 def format_wall(res: dict) -> str:
+    profile = res["cost_profile"] or "default"
+    if res["cost_profile"] and not res["cost_profile_used"]:
+        profile += " (not used: redistribute takes no cost=)"
     lines = [
         f"wall clock: {res['ranks']} gloo ranks, mesh a=2,b=2 with a+b flattened, "
-        f"median of {res['iters']} samples (slowest rank), ms per redistribute",
+        f"median of {res['iters']} samples (slowest rank), ms per redistribute; "
+        f"ours: groups=existing, cost profile {profile}",
         f"{'case':<24} {'size':>7} {'torch':>8} {'no merge':>9} {'ours':>8} {'ours/torch':>10} "
-        f"{'noise':>7} {'eq':>3}  flag",
+        f"{'noise':>7} {'colls':>5} {'eq':>3}  flag",
     ]
     for r in res["rows"]:
         lines.append(
             f"{r['case']:<24} {format_size(r['nbytes']):>7} {r['torch_ms']:>8.3f} "
             f"{r['torch_nomerge_ms']:>9.3f} {r['ours_ms']:>8.3f} {r['ratio']:>10.2f} "
-            f"{r['noise_ms']:>7.3f} {'ok' if r['equal'] else 'NO':>3}  {'SLOWER' if r['slower'] else ''}"
+            f"{r['noise_ms']:>7.3f} {'/'.join(str(r['collectives'][v]) for v in VARIANTS):>5} "
+            f"{'ok' if r['equal'] else 'NO':>3}  {'SLOWER' if r['slower'] else ''}"
         )
     lines.append(
+        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result "
+        "matches torch's (rtol=atol=1e-5)\n"
         "noise = 3 x combined standard error of the two medians (from the samples' MAD); "
         f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"
     )

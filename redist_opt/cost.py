@@ -75,7 +75,7 @@ class CostModel:
     algorithm: str = "tree"
     # One-off cost of creating a communicator, and the reuse it is amortized over.
     create_group: float = 50e-3
-    expected_reuse: int = 1000
+    expected_reuse: int = 10_000  # e.g. one redistribution per step of a 10k-step run
     # The backend runs reduce_scatter as a full all_reduce plus a local slice (gloo's
     # CPU reduce_scatter measures as slow as all_reduce); `calibrate` fits this.
     reduce_scatter_as_all_reduce: bool = False

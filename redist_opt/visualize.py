@@ -24,6 +24,7 @@ plan graph is ``<g class="node" data-plan=... data-node=... data-op=...>`` with 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,8 +54,8 @@ MAX_DRAWN_RANKS = 1024
 COLLECTIVE_FILL = {
     "all_reduce": "#f6bd60",
     "reduce_scatter": "#f28482",
-    "all_gather": "#84a59d",
-    "all_to_all": "#a5a1e0",
+    "all_gather": "#9ed2b4",
+    "all_to_all": "#b9b5f0",
 }
 LOCAL_FILL = "#ffffff"
 TERMINAL_FILL = "#eeeeee"
@@ -95,7 +96,28 @@ def _arg_str(a, names) -> str:
         return sym.expr_str(a, names)
     if hasattr(a, "layout") and hasattr(a, "dims"):
         return "+".join(names.get(d, str(d)) for d in a.dims) + " " + L.format_layout(a.layout)
+    if isinstance(a, (tuple, list)):
+        return "(" + ", ".join(_arg_str(x, names) for x in a) + (",)" if len(a) == 1 else ")")
     return repr(a) if isinstance(a, str) else str(a)
+
+
+def _named_args(node, names) -> str:
+    """``tp 2:1, dim=1``: the group bare, other parameters by name (from the op's signature)."""
+    op = ir.OPS.get(ir.ir_name(node))
+    try:
+        params = list(inspect.signature(op.shape_fn).parameters)[1:]
+    except (TypeError, ValueError, AttributeError):
+        params = []
+    parts = []
+    for i, a in enumerate(node.args[1:]):
+        text = _arg_str(a, names)
+        if hasattr(a, "layout") and hasattr(a, "dims"):
+            parts.append(text)
+        elif i < len(params):
+            parts.append(f"{params[i]}={text}")
+        else:
+            parts.append(text)
+    return ", ".join(parts)
 
 
 def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
@@ -106,7 +128,7 @@ def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
         return [f"%{node.name}: input", shape]
     if node.op == "output":
         return [f"return %{node.args[0].name}"]
-    lines = [f"%{node.name} = {ir.ir_name(node)}", ", ".join(_arg_str(a, names) for a in node.args[1:]), shape]
+    lines = [f"%{node.name} = {ir.ir_name(node)}", _named_args(node, names), shape]
     if bytes_in is not None:
         lines.append(f"{bytes_in} B in per rank")
     src = from_nodes(node)

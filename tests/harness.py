@@ -199,6 +199,7 @@ MESHES: dict[str, MeshFactory] = {
         MeshFactory("2x3", 6, _init((2, 3), ("a", "b"))),
         # 3-D
         MeshFactory("2x2x2", 8, _init((2, 2, 2), ("a", "b", "c"))),
+        MeshFactory("2x2x2x2", 16, _init((2, 2, 2, 2), ("a", "b", "c", "d"))),
         # size-1 mesh dims
         MeshFactory("1x4", 4, _init((1, 4), ("a", "b"))),
         MeshFactory("2x1x2", 4, _init((2, 1, 2))),

@@ -15,8 +15,6 @@ says which are missing); write it with an empty string and accept.
 from __future__ import annotations
 
 import json
-import os
-import re
 from pathlib import Path
 
 import expecttest
@@ -135,7 +133,7 @@ optimized plan: 2 collectives; passes that changed it: merge-reductions
 naive/optimized: 1.50x collectives, 1.50x bytes per rank
 
 notes (+ made, - not made):
-  - [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c) as one: not made: no process group has layout 8:1; no process group has layout (2,2,2):(4,1,2); no process group has layout (2,2,2):(2,4,1); no process group has layout (4,2):(1,4); no process group has layout (2,4):(1,2); no process group has layout (2,2,2):(1,2,4) (groups=existing)
+  - [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c) as one: not made: no process group has layout 8:1 (groups=existing)
   + [merge-reductions] all_reduce(a) + all_reduce(b) -> all_reduce(a+b): a process group with layout 4:2 exists
 
 IR (naive):
@@ -276,17 +274,16 @@ naive plan (DTensor's greedy planner, merge pass disabled): 3 collectives
   3  all_reduce sum  c      2:1          128 B  [0,1] [2,3] +2 more
      total                               384 B
 
-optimized plan: 3 collectives
-  #  collective      group  layout  bytes/rank  ranks (first groups)
-  1  all_reduce sum  a      2:4          128 B  [0,4] [1,5] +2 more
-  2  all_reduce sum  b      2:2          128 B  [0,2] [1,3] +2 more
-  3  all_reduce sum  c      2:1          128 B  [0,1] [2,3] +2 more
-     total                               384 B
+optimized plan: 1 collective; passes that changed it: merge-reductions
+  #  collective      group    layout  bytes/rank  ranks (first groups)
+  1  all_reduce sum  a+b+c *  8:1          128 B  [0,1,2,3,4,5,6,7]
+     total                                 128 B
+  * no process group with this layout exists yet: created on first use
 
-naive/optimized: 1.00x collectives, 1.00x bytes per rank
+naive/optimized: 3.00x collectives, 3.00x bytes per rank
 
 notes (+ made, - not made):
-  - [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not made: separate collectives are cheaper under the cost model
+  + [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c) -> all_reduce(a+b+c): groups=create creates 8:1
 
 IR (naive):
   %x : (8, 4)
@@ -297,10 +294,8 @@ IR (naive):
 
 IR (optimized):
   %x : (8, 4)
-  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (8, 4)
-  %all_reduce_1 = all_reduce(%all_reduce, {b 2:2}, 'sum') : (8, 4)
-  %all_reduce_2 = all_reduce(%all_reduce_1, {c 2:1}, 'sum') : (8, 4)
-  return %all_reduce_2
+  %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1, %all_reduce_2
+  return %all_reduce
 """)
 
     def test_golden_design5_reorder(self):
@@ -325,7 +320,7 @@ optimized plan: 3 collectives
 naive/optimized: 1.00x collectives, 1.00x bytes per rank
 
 notes (+ made, - not made):
-  - [merge-reductions] all_reduce(c) + all_reduce(b): not made: no process group has layout 4:1; no process group has layout (2,2):(1,2) (groups=existing)
+  - [merge-reductions] all_reduce(c) + all_reduce(b): not made: no process group has layout 4:1 (groups=existing)
 
 IR (naive):
   %x : (4, 4)
@@ -366,7 +361,7 @@ optimized plan: 3 collectives
 naive/optimized: 1.00x collectives, 1.00x bytes per rank
 
 notes (+ made, - not made):
-  - [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not made: no process group has layout 8:1; no process group has layout (2,2,2):(4,1,2); no process group has layout (2,2,2):(2,4,1); no process group has layout (4,2):(1,4); no process group has layout (2,4):(1,2); no process group has layout (2,2,2):(1,2,4) (groups=existing)
+  - [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not made: no process group has layout 8:1 (groups=existing)
 
 IR (naive):
   %x : (8, 4)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import redist_opt
 from redist_opt import cli, dump
 from redist_opt.cost import CostModel
 
@@ -159,11 +161,20 @@ def test_dump_dir_writes_one_file_per_changed_pass(tmp_path, capsys, monkeypatch
     _, js, _ = run(data_argv, capsys)
     applied = json.loads(js)["plans"]["optimized"]["applied_passes"]
     txt = sorted(p.name for p in (tmp_path / "dumps").glob("*.txt"))
-    expected = ["0000.default.before_pipeline.txt"] + [
-        f"{i:04d}.default.after_{name}.txt" for i, name in enumerate(applied, 1)
-    ]
-    assert txt == expected
-    assert sorted(p.name for p in (tmp_path / "dumps").glob("*.dot")) == [t[:-4] + ".dot" for t in expected]
+    stages = []
+    for i, name in enumerate(txt):
+        m = re.fullmatch(r"(\d{4})\.([A-Za-z0-9_.+-]+)\.(before_pipeline|after_[a-z0-9-]+)\.txt", name)
+        assert m, name
+        assert int(m.group(1)) == i
+        stages.append(m.group(3))
+    assert stages == ["before_pipeline"] + [f"after_{name}" for name in applied]
+    assert sorted(p.name for p in (tmp_path / "dumps").glob("*.dot")) == [t[:-4] + ".dot" for t in txt]
+    # a pass's effect is one diff away: the last dump is the optimized plan
+    naive_text = (tmp_path / "dumps" / txt[0]).read_text()
+    assert "%x : (8, 44)" in naive_text
+    spec = redist_opt.MeshSpec(sizes=(2, 2, 2), names=("a", "b", "c"), flattened=("a+c",))
+    optimized = redist_opt.optimize(redist_opt.plan(spec, "P,P,P", "R,S(0),R", shape=(8, 44)))
+    assert (tmp_path / "dumps" / txt[-1]).read_text().endswith(dump.format_graph(optimized) + "\n")
 
 
 # -- errors: one line naming the argument, exit code 2, no traceback ------------------

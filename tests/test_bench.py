@@ -1,0 +1,161 @@
+"""`redist-opt calibrate` and `redist-opt bench` end to end, in a reduced mode.
+
+These spawn real gloo processes (4 ranks on 127.0.0.1); they check exit codes and
+the JSON the commands write, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from redist_opt.bench import SpawnError, planning_bench, run_ranks
+from redist_opt.cli import main
+from redist_opt.cost import KINDS, CostModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "redist_opt.cli", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    """A profile from a reduced calibrate run (shared by the bench test)."""
+    out = tmp_path_factory.mktemp("calibrate") / "profile.json"
+    proc = run_cli("calibrate", "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "1",
+                   "--out", str(out), "--timeout", "150")  # fmt: skip
+    return proc, out
+
+
+def test_calibrate_end_to_end(profile):
+    proc, out = profile
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "measured ms" in proc.stdout and "model ms" in proc.stdout
+    data = json.loads(out.read_text())
+    model = CostModel.load(out)
+    assert model.algorithm in ("ring", "tree")
+    assert model.launch >= 0 and model.alpha_intra >= 0 and model.bw_intra > 0
+    cal = data["calibration"]
+    assert cal["nprocs"] == 4 and cal["mesh"]["sizes"] == [2, 2]
+    # 4 collectives x (2 mesh dims + the flattened whole mesh) x 2 sizes.
+    ms = cal["measurements"]
+    assert len(ms) == len(KINDS) * 3 * 2
+    assert {m["kind"] for m in ms} == set(KINDS)
+    assert {(m["group"], m["p"]) for m in ms} == {("d0", 2), ("d1", 2), ("d0+d1", 4)}
+    assert {m["nbytes"] for m in ms} == {1024, 65536}
+    assert all(m["time"] > 0 and m["model"] > 0 for m in ms)
+    assert set(cal["fit"]["rms_rel_error"]) == {"ring", "tree", "ring, rs=ar", "tree, rs=ar"}
+    assert len(cal["group_creation_s"]) == 3
+
+
+def test_bench_end_to_end(profile, tmp_path):
+    proc, prof = profile
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "1", "--plan-runs", "3",
+                   "--case", "P,P->R,R", "--case", "S(0),S(1)->S(1),S(0)", "--profile", str(prof),
+                   "--json", str(out), "--timeout", "150")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ours/torch" in proc.stdout and "median us" in proc.stdout
+    data = json.loads(out.read_text())
+    planning = data["planning"]
+    assert planning["case"]["ranks"] == 8 * 16 * 32 * 32
+    assert planning["cost_profile_used"] is True
+    assert {k for k in planning["timings"]} == {
+        "plan uncached", "optimize uncached", "plan+optimize uncached", "plan cached", "plan+optimize cached",
+    }  # fmt: skip
+    assert all(t["median_us"] > 0 for t in planning["timings"].values())
+    rows = data["wall"]["rows"]
+    assert [(r["case"], r["nbytes"]) for r in rows] == [
+        ("P,P -> R,R", 1024), ("P,P -> R,R", 65536),
+        ("S(0),S(1) -> S(1),S(0)", 1024), ("S(0),S(1) -> S(1),S(0)", 65536),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["equal"], r
+        assert r["torch_ms"] > 0 and r["torch_nomerge_ms"] > 0 and r["ours_ms"] > 0
+        assert len(r["samples_ms"]["ours"]) == 2
+        assert isinstance(r["slower"], bool)
+        # torch without its merge pass issues one collective per mesh dim.
+        assert r["collectives"]["torch_nomerge"] == 2
+    assert data["wall"]["cost_profile_used"] is True
+
+
+def test_planning_bench_in_process():
+    res = planning_bench(runs=2, cached_runs=5, cost=CostModel.profile("gloo"))
+    assert res["collectives"] >= 1
+    assert res["timings"]["plan cached"]["runs"] == 5
+
+
+# -- argument errors: exit code 2, one line, nothing spawned ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["calibrate", "--mesh", "2,3", "--nprocs", "4"], "has 6 ranks but --nprocs is 4"),
+        (["calibrate", "--sizes", "lots"], "size 'lots'"),
+        (["calibrate", "--mesh", "1,1"], "nothing to measure"),
+        (["bench", "--sizes", "4MiB..1KiB"], "is empty"),
+        (["bench", "--case", "P,P"], "expected SRC->DST"),
+        (["bench", "--case", "P->R"], "1 placements for a 2-D mesh"),
+        (["bench", "--profile", "/nonexistent/profile.json"], "--profile"),
+        (["bench", "--iters", "0"], "--iters"),
+    ],
+)
+def test_usage_errors(argv, message, capsys):
+    start = time.monotonic()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err
+    assert time.monotonic() - start < 30
+
+
+# -- spawning: failures and hangs come back as errors with the child's traceback ----------------
+
+
+def _fail_on_rank_1(rank: int, world: int) -> int:
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise RuntimeError("boom on rank one")
+    dist.barrier()  # the others wait for rank 1 and must not hang the parent
+    return rank
+
+
+def _hang(rank: int, world: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _echo(rank: int, world: int, tag: str) -> tuple:
+    return (rank, world, tag)
+
+
+def test_run_ranks_returns_results_by_rank():
+    assert run_ranks(_echo, 2, ("x",), timeout=120) == [(0, 2, "x"), (1, 2, "x")]
+
+
+def test_run_ranks_reports_child_traceback():
+    start = time.monotonic()
+    with pytest.raises(SpawnError) as e:
+        run_ranks(_fail_on_rank_1, 2, timeout=120)
+    msg = str(e.value)
+    assert "rank 1 of 2 failed" in msg
+    assert "Traceback" in msg and "RuntimeError: boom on rank one" in msg
+    assert time.monotonic() - start < 100
+
+
+def test_run_ranks_times_out():
+    with pytest.raises(SpawnError, match=r"did not report within"):
+        run_ranks(_hang, 2, (600,), timeout=25)
