@@ -138,18 +138,18 @@ def redistribute_local_tensor(
         return local_tensor
     reason = tdt.needs_torch_planner(current_spec, target_spec)
     if reason is None:
-        p = make_plan(
+        p, opt = _plans_for(
             spec_of(device_mesh),
             current_spec.placements,
             target_spec.placements,
             tuple(current_spec.shape),
             local_tensor.dtype,
+            (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer),
         )
         reason = p.fallback_reason
     if reason is not None:
         _warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
         return tdt.torch_redistribute_local(local_tensor, current_spec, target_spec, async_op=async_op)
-    opt = optimize(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
     try:
         return execute(opt.graph, local_tensor, device_mesh, groups=groups, async_op=async_op)
     except GroupUnavailable as e:
@@ -161,6 +161,23 @@ def redistribute_local_tensor(
             f"{placements_str(p.dst)}",
         )
         return execute(p.graph, local_tensor, device_mesh, async_op=async_op)
+
+
+_hot_plans: dict = {}
+
+
+def _plans_for(spec, src, dst, shape, dtype, options) -> tuple[Plan, Plan]:
+    """(naive, optimized) plan; after the first call one dict lookup (the eager hot path)."""
+    key = (spec, src, dst, shape, dtype, options)
+    hit = _hot_plans.get(key)
+    if hit is None:
+        groups, passes, cost, prefer = options
+        naive = make_plan(spec, src, dst, shape, dtype)
+        opt = naive if naive.fallback else optimize(naive, groups=groups, passes=passes, cost=cost, prefer=prefer)
+        if len(_hot_plans) > 65536:  # a job with ever-new shapes: bound the memory
+            _hot_plans.clear()
+        hit = _hot_plans[key] = (naive, opt)
+    return hit
 
 
 class _Redistribute(torch.autograd.Function):

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import platform
+import queue as queue_mod
 import re
 import socket
 import statistics
@@ -210,16 +211,24 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
                 break
             try:
                 rank, result, err = queue.get(timeout=min(1.0, remaining))
-            except Exception:  # queue.Empty
-                dead = [i for i, p in enumerate(pc.processes) if p.exitcode not in (None, 0)]
-                dead = [i for i in dead if i not in results and i not in errors]
-                if dead and queue.empty():
-                    # Give a dying rank's report a moment to arrive through the pipe.
-                    time.sleep(0.5)
-                    if queue.empty():
-                        for i in dead:
-                            errors[i] = f"rank {i} exited with code {pc.processes[i].exitcode} without a report"
-                continue
+            except queue_mod.Empty:
+                exited = [
+                    i for i, p in enumerate(pc.processes)
+                    if p.exitcode is not None and i not in results and i not in errors
+                ]  # fmt: skip
+                if exited:
+                    # Give an exiting rank's report a moment to arrive through the pipe.
+                    try:
+                        rank, result, err = queue.get(timeout=2.0)
+                    except queue_mod.Empty:
+                        for i in exited:
+                            errors[i] = (
+                                f"rank {i} exited with code {pc.processes[i].exitcode} without a "
+                                "report (killed, or its result could not be pickled)"
+                            )
+                        break
+                else:
+                    continue
             if err is not None:
                 errors[rank] = err
                 # One failure makes the others hang in their next collective: stop now.
@@ -228,7 +237,7 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     finally:
         _stop(pc, graceful=not errors and len(results) == nprocs)
     if errors:
-        first = min(errors)
+        first = next(iter(errors))  # the first report is the cause; later ones are fallout
         raise SpawnError(f"rank {first} of {nprocs} failed:\n{errors[first].rstrip()}")
     if len(results) < nprocs:
         missing = sorted(set(range(nprocs)) - set(results))
@@ -580,34 +589,36 @@ def _torch_version() -> str:
 DEFAULT_CALIBRATE_SIZES = "1KiB..4MiB*4"
 
 
-def _fmt_time(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}"
-
-
 def format_calibration(model: CostModel, record: dict) -> str:
-    lines = []
+    """The fit, then two small matrices (collective x group by size): measured, model/measured."""
     fit = record["fit"]
     errs = ", ".join(f"{a} {e * 100:.1f}%" for a, e in fit["rms_rel_error"].items())
-    lines.append(
-        f"fit ({record['nprocs']} gloo ranks, mesh {'x'.join(map(str, record['mesh']['sizes']))}, "
-        f"{len(record['measurements'])} points, RMS relative error: {errs}):"
-    )
-    lines.append(
-        f"  algorithm={model.algorithm}  reduce_scatter_as_all_reduce={model.reduce_scatter_as_all_reduce}\n"
-        f"  launch={model.launch * 1e6:.1f} us  "
-        f"alpha={model.alpha_intra * 1e6:.1f} us/step  bandwidth={model.bw_intra / 1e9:.3f} GB/s  "
-        f"create_group={model.create_group * 1e3:.1f} ms"
-    )
-    lines.append("")
-    header = f"{'collective':<15} {'group':<8} {'p':>2} {'size':>7} {'measured ms':>12} {'+-':>7} {'model ms':>9} {'model/meas':>10}"
-    lines.append(header)
-    lines.append("-" * len(header))
+    lines = [
+        f"fit over {len(record['measurements'])} points ({record['nprocs']} gloo ranks, mesh "
+        f"{'x'.join(map(str, record['mesh']['sizes']))}); RMS relative error by variant: {errs}",
+        f"  chosen: algorithm={model.algorithm}, reduce_scatter_as_all_reduce="
+        f"{model.reduce_scatter_as_all_reduce}",
+        f"  launch={model.launch * 1e6:.1f} us  alpha={model.alpha_intra * 1e6:.1f} us/step  "
+        f"bandwidth={model.bw_intra / 1e9:.3f} GB/s  create_group={model.create_group * 1e3:.1f} ms",
+    ]
+    rows: dict[tuple, dict[int, dict]] = {}
     for m in record["measurements"]:
-        ratio = m["model"] / m["time"] if m["time"] > 0 else float("nan")
-        lines.append(
-            f"{m['kind']:<15} {m['group']:<8} {m['p']:>2} {format_size(m['nbytes']):>7} "
-            f"{_fmt_time(m['time']):>12} {_fmt_time(m['stderr']):>7} {_fmt_time(m['model']):>9} {ratio:>10.2f}"
-        )
+        rows.setdefault((m["kind"], m["group"], m["p"]), {})[m["nbytes"]] = m
+    sizes = sorted({m["nbytes"] for m in record["measurements"]})
+    head = f"{'collective':<15} {'group':<8} {'p':>2}" + "".join(f"{format_size(n):>9}" for n in sizes)
+
+    def table(title: str, cell) -> None:
+        lines.extend(["", title, head])
+        for (kind, group, p), by_size in rows.items():
+            cells = "".join(f"{cell(by_size[n]) if n in by_size else '-':>9}" for n in sizes)
+            lines.append(f"{kind:<15} {group:<8} {p:>2}" + cells)
+
+    table("measured ms (median over samples of the slowest rank):", lambda m: f"{m['time'] * 1e3:.3f}")
+    table("modelled ms:", lambda m: f"{m['model'] * 1e3:.3f}")
+    table(
+        "model / measured:",
+        lambda m: f"{m['model'] / m['time']:.2f}" if m["time"] > 0 else "nan",
+    )
     return "\n".join(lines)
 
 

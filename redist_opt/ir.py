@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.distributed.tensor.placement_types import Placement
 
 from . import symbolic as sym
@@ -212,7 +213,9 @@ class GraphBuilder:
 
     def finish(self) -> fx.GraphModule:
         self.graph.output(self.value)
-        return fx.GraphModule(torch.nn.Module(), self.graph)
+        # A lazy GraphModule skips Python code generation: our graphs are interpreted
+        # by redist_opt.runtime, and codegen after every pass dominated planning time.
+        return _LazyGraphModule(torch.nn.Module(), self.graph)
 
 
 def ir_name(node: fx.Node) -> str | None:
@@ -280,6 +283,8 @@ def verify(gm: fx.GraphModule, mesh_sizes: Sequence[int], expected_output_shape=
         raise IRVerificationError("output must return the last op")
     if expected_output_shape is not None:
         got = prev.meta["shape"]
+        if tuple(got) == tuple(sym.as_expr(e) for e in expected_output_shape):
+            return
         for coords in corner_coords(mesh_sizes):
             a = [sym.evaluate(e, coords) for e in got]
             b = [sym.evaluate(e, coords) for e in expected_output_shape]

@@ -105,6 +105,13 @@ class MeshSpec:
             layouts.add(L.collapse([self.dim_layouts[d] for d in sorted(dims)]))
         object.__setattr__(self, "flattened", tuple(g for g in self.flattened))
         object.__setattr__(self, "flattened_layouts", frozenset(layouts))
+        # Plans are cached by MeshSpec: hash once, not on every lookup.
+        object.__setattr__(
+            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -162,11 +169,14 @@ class MeshSpec:
 
     def group(self, dims: Sequence[int]) -> MeshGroup:
         dims = tuple(dims)
-        return MeshGroup(
-            dims=dims,
-            sizes=tuple(self.sizes[d] for d in dims),
-            layout=L.collapse([self.dim_layouts[d] for d in dims]),
-        )
+        cache = self.__dict__.setdefault("_groups", {})
+        if dims not in cache:
+            cache[dims] = MeshGroup(
+                dims=dims,
+                sizes=tuple(self.sizes[d] for d in dims),
+                layout=L.collapse([self.dim_layouts[d] for d in dims]),
+            )
+        return cache[dims]
 
     def group_exists(self, group: MeshGroup) -> bool:
         """A group exists when it is one mesh dim or some flattened mesh has its layout."""

@@ -6,7 +6,6 @@ path pays one dictionary lookup per redistribute after the first.
 
 from __future__ import annotations
 
-import copy
 import functools
 
 from torch.fx.passes.infra.pass_manager import PassManager
@@ -24,16 +23,17 @@ def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="
 
 
 class _Tracked:
-    """Wraps a pass to record whether it changed the IR (for dumps and the plan)."""
+    """Wraps a pass: records whether it changed the IR and verifies the IR if so."""
 
-    def __init__(self, inner, changed: list) -> None:
-        self.inner, self.changed = inner, changed
+    def __init__(self, inner, changed: list, check) -> None:
+        self.inner, self.changed, self.check = inner, changed, check
         self.__name__ = inner.name
 
     def __call__(self, gm):
         result = self.inner(gm)
         if result.modified:
             self.changed.append(self.inner.name)
+            self.check(result.graph_module)
         return result
 
 
@@ -56,9 +56,15 @@ def _run_cached(p: Plan, groups, passes, cost, prefer) -> Plan:
         prefer=prefer,
     )
     changed: list[str] = []
-    instances = [_Tracked(cls(ctx), changed) for cls in pass_classes]
     expected = ir.local_shape(p.shape, p.dst, p.mesh.sizes)
-    manager = PassManager(passes=instances, run_checks_after_each_pass=True)
-    manager.add_checks(lambda m: ir.verify(m, p.mesh.sizes, expected))
-    result = manager(copy.deepcopy(p.graph))
+
+    def check(gm):
+        ir.verify(gm, p.mesh.sizes, expected)
+
+    # The verifier runs after every pass that changed the IR (the input was
+    # verified when it was lowered).
+    instances = [_Tracked(cls(ctx), changed, check) for cls in pass_classes]
+    manager = PassManager(passes=instances)
+    # Passes build new graphs (steps.relower) and never mutate their input.
+    result = manager(p.graph)
     return p.replace(graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes))

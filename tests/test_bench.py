@@ -138,14 +138,6 @@ def _hang(rank: int, world: int, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _echo(rank: int, world: int, tag: str) -> tuple:
-    return (rank, world, tag)
-
-
-def test_run_ranks_returns_results_by_rank():
-    assert run_ranks(_echo, 2, ("x",), timeout=120) == [(0, 2, "x"), (1, 2, "x")]
-
-
 def test_run_ranks_reports_child_traceback():
     start = time.monotonic()
     with pytest.raises(SpawnError) as e:
@@ -157,5 +149,7 @@ def test_run_ranks_reports_child_traceback():
 
 
 def test_run_ranks_times_out():
-    with pytest.raises(SpawnError, match=r"did not report within"):
-        run_ranks(_hang, 2, (600,), timeout=25)
+    start = time.monotonic()
+    with pytest.raises(SpawnError, match=r"ranks \[0, 1\] of 2 did not report within 10s"):
+        run_ranks(_hang, 2, (600,), timeout=10)
+    assert time.monotonic() - start < 60  # the hanging ranks were terminated, not waited for
