@@ -43,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from .cost import KINDS, PROFILE_FORMAT, CostModel, steps_and_bytes
+from .cost import KINDS, CostModel, steps_and_bytes
 
 __all__ = [
     "parse_size",

@@ -20,7 +20,7 @@ import json
 import math
 import os
 
-__all__ = ["CostModel", "PROFILE_FORMAT", "steps_and_bytes"]
+__all__ = ["CostModel", "PROFILE_FORMAT", "KINDS", "steps_and_bytes"]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
 PROFILE_FORMAT = "redist_opt.cost/1"

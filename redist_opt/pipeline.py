@@ -7,10 +7,12 @@ path pays one dictionary lookup per redistribute after the first.
 from __future__ import annotations
 
 import functools
+import itertools
 
 from torch.fx.passes.infra.pass_manager import PassManager
 
 from . import ir
+from .dump import dump_dir_from_env, plan_tag, write_pass_dump
 from .plan import Plan
 
 __all__ = ["run_pipeline"]
@@ -19,14 +21,17 @@ __all__ = ["run_pipeline"]
 def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="time") -> Plan:
     groups_key = groups if isinstance(groups, str) else tuple(groups)
     pass_key = None if passes is None else tuple(passes)
+    dump_dir = dump_dir_from_env()
+    if dump_dir is not None:  # dumping: run uncached, so every run writes its files
+        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, dump_dir)
     return _run_cached(p, groups_key, pass_key, cost, prefer)
 
 
 class _Tracked:
     """Wraps a pass: records whether it changed the IR and verifies the IR if so."""
 
-    def __init__(self, inner, changed: list, check) -> None:
-        self.inner, self.changed, self.check = inner, changed, check
+    def __init__(self, inner, changed: list, check, on_change=None) -> None:
+        self.inner, self.changed, self.check, self.on_change = inner, changed, check, on_change
         self.__name__ = inner.name
 
     def __call__(self, gm):
@@ -34,11 +39,13 @@ class _Tracked:
         if result.modified:
             self.changed.append(self.inner.name)
             self.check(result.graph_module)
+            if self.on_change is not None:
+                self.on_change(self.inner.name, result.graph_module)
         return result
 
 
 @functools.lru_cache(maxsize=4096)
-def _run_cached(p: Plan, groups, passes, cost, prefer) -> Plan:
+def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
     from passes import DEFAULT_PIPELINE, PassContext
 
     from .cost import CostModel
@@ -63,7 +70,17 @@ def _run_cached(p: Plan, groups, passes, cost, prefer) -> Plan:
 
     # The verifier runs after every pass that changed the IR (the input was
     # verified when it was lowered).
-    instances = [_Tracked(cls(ctx), changed, check) for cls in pass_classes]
+    on_change = None
+    if dump_dir is not None:
+        seq = itertools.count()
+        pipeline_name = f"default_{plan_tag(p)}"
+
+        def on_change(pass_name, gm):
+            snapshot = p.replace(graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes))
+            write_pass_dump(dump_dir, next(seq), pipeline_name, pass_name, snapshot)
+
+        on_change(None, p.graph)  # NNNN.<pipeline>.before_pipeline
+    instances = [_Tracked(cls(ctx), changed, check, on_change) for cls in pass_classes]
     manager = PassManager(passes=instances)
     # Passes build new graphs (steps.relower) and never mutate their input.
     result = manager(p.graph)
