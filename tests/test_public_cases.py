@@ -361,13 +361,15 @@ def test_item5_world_group_in_process():
 class CollectiveLog(TorchDispatchMode):
     """Records (collective, input numel, group name) in issue order."""
 
+    COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")
+
     def __init__(self):
         super().__init__()
         self.calls: list[tuple[str, int, str]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name.startswith("_c10d_functional.") and "wait_tensor" not in name:
+        if name.startswith("_c10d_functional.") and name.split(".")[1] in self.COLLECTIVES:
             group = next((a for a in reversed(args) if isinstance(a, str)), "")
             self.calls.append((name.split(".")[1], args[0].numel(), group))
         return func(*args, **(kwargs or {}))
