@@ -169,3 +169,30 @@ def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
 def test_bad_groups_policy():
     with pytest.raises(redist_opt.RedistributeError, match="groups='sometimes'"):
         redist_opt.optimize(redist_opt.plan(redist_opt.MeshSpec((2,)), "P", "R", shape=(2,)), groups="sometimes")
+
+
+def test_replicas_bitwise_equal_across_hosts_with_consistency():
+    # Two dims straddling hosts (devices_per_host=2: dim a crosses hosts). With a
+    # ring profile whose inter-host latency makes the merged all_reduce slower,
+    # prefer="time" keeps two reductions; prefer="consistency" merges anyway so
+    # every replica comes from one reduction.
+    from redist_opt.cost import CostModel
+
+    ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
+                     bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")
+    with LocalTensorMode(4) as lm:
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
+        mesh["a", "b"]._flatten()
+        g = torch.randn(6, 5, dtype=torch.float32)
+        dt = DTensor.from_local(
+            lm.rank_map(lambda r: g * (r + 1) / 3), mesh, [Partial(), Partial()], run_check=False
+        )
+        with CommDebugMode() as cdm:
+            timed = redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring)
+        assert cdm.get_total_counts() == 2
+        with CommDebugMode() as cdm:
+            out = redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring, prefer="consistency")
+        assert cdm.get_total_counts() == 1
+        replicas = list(_locals(out).values())
+        assert all(torch.equal(replicas[0], x) for x in replicas[1:])
+        torch.testing.assert_close(replicas[0], _locals(timed)[0])

@@ -1,0 +1,243 @@
+"""Property-based tests (hypothesis) of the optimizer.
+
+1. ``test_outputs_equal_oracle`` (execution, LocalTensorMode on the fake
+   backend): random meshes (1-4 dims, sizes 1-5, at most ``MAX_EXEC_RANKS``
+   ranks: the fake world's size), random available flattened groups (any
+   subsets of the ascending mesh-dim sets), random placements (R, S(d) with
+   negative d, P with one reduce op of sum/avg/max/min), random small shapes
+   (uneven and zero-size), float64/float32 small-integer data, groups policy
+   existing/create. ``redist_opt.redistribute`` must equal the oracle (torch,
+   merge pass disabled) on every rank: bitwise, except avg reductions (another
+   summation order: ``assert_close`` with tight tolerances); replicated outputs
+   must be bitwise equal across each replica group; the runtime issues exactly
+   the collectives the optimized plan lists, never more than the oracle.
+
+2. ``test_plan_never_worse_than_torch`` (planning only, rank-free ``MeshSpec``,
+   up to 625 ranks): under the default cost profile the optimized plan never
+   issues more collectives nor more bytes per rank than torch 2.13 with its
+   merge pass (``oracle_torch_merge.torch_model``) given the same flattened
+   groups; under ``groups="existing"`` it needs only groups that exist.
+
+Example counts are fixed per test (``N_EXEC``, ``N_PLAN``; at least 2,000 in
+total); the ``ci`` hypothesis profile (conftest.py) makes them deterministic.
+The number of examples each test ran is written to the terminal at the end of
+the module ("hypothesis examples run: ...").
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+import harness
+import redist_opt
+import redist_opt.api
+from oracle_torch_merge import (
+    MeshPool,
+    assert_matches_reference,
+    assert_replicas_equal,
+    assert_same_locals,
+    int_input,
+    is_rejection,
+    pstr,
+    run_oracle,
+    run_ours,
+    signature,
+    torch_model,
+)
+
+N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", 400))
+N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", 2400))
+# LocalTensorMode needs a fake world at least as large as the mesh; the session
+# fixture (conftest.py) initialises it with harness.WORLD_SIZE ranks.
+MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
+MAX_PLAN_RANKS = 5**4
+OPS = ("sum", "avg", "max", "min")
+SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])
+
+RAN: Counter = Counter()
+SECONDS: Counter = Counter()
+
+
+# ----------------------------------------------------------------------------
+# Strategies
+# ----------------------------------------------------------------------------
+
+
+@st.composite
+def mesh_sizes(draw, max_ranks: int):
+    ndim = draw(st.integers(1, 4))
+    sizes, prod = [], 1
+    for _ in range(ndim):
+        s = draw(st.integers(1, max(1, min(5, max_ranks // prod))))
+        sizes.append(s)
+        prod *= s
+    return tuple(sizes)
+
+
+def partial(op: str):
+    return Partial(op)
+
+
+@st.composite
+def requests(draw, max_ranks: int, planning: bool):
+    sizes = draw(mesh_sizes(max_ranks))
+    ndim = len(sizes)
+    candidates = [c for k in range(2, ndim + 1) for c in itertools.combinations(range(ndim), k)]
+    flattened = tuple(sorted(draw(st.sets(st.sampled_from(candidates), max_size=len(candidates))))
+                      if candidates else ())
+    tnd = draw(st.integers(1, 3))
+    shape = tuple(draw(SIZES) for _ in range(tnd))
+    op = draw(st.sampled_from(OPS))
+    shard = st.integers(-tnd, tnd - 1).map(Shard)
+    src_one = st.one_of(st.just(Replicate()), shard, st.just(Partial(op)))
+    src = tuple(draw(src_one) for _ in range(ndim))
+    dst = []
+    for s in src:
+        options = [st.just(Replicate()), shard]
+        if s.is_partial() or (planning and s.is_replicate()):
+            options.append(st.just(Partial(op)))  # P -> P (kept), or R -> P (plans only)
+        dst.append(draw(st.one_of(*options)))
+    policy = draw(st.sampled_from(["existing", "create"]))
+    return dict(sizes=sizes, flattened=flattened, src=src, dst=tuple(dst), shape=shape,
+                policy=policy, op=op)
+
+
+def _describe(req) -> str:
+    names = MeshPool.names(len(req["sizes"]))
+    flat = ["+".join(names[d] for d in g) for g in req["flattened"]]
+    return (f"mesh {'x'.join(map(str, req['sizes']))} flattened {flat or 'none'} "
+            f"{','.join(map(pstr, req['src']))} -> {','.join(map(pstr, req['dst']))} "
+            f"shape {req['shape']} groups={req['policy']}")
+
+
+# ----------------------------------------------------------------------------
+# 1. Execution: outputs equal the oracle on every rank
+# ----------------------------------------------------------------------------
+
+POOL = MeshPool()
+
+
+def _clear_spec_cache() -> None:
+    # MeshPool.use swaps a root's flattened meshes in place (torch itself only
+    # ever adds them); drop redist_opt's per-mesh MeshSpec cache so it re-reads them.
+    cache = getattr(redist_opt.api, "_spec_cache", None)
+    if cache is not None:
+        cache.clear()
+
+
+@settings(max_examples=N_EXEC, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(req=requests(MAX_EXEC_RANKS, planning=False),
+       dtype=st.sampled_from([torch.float64, torch.float32]),
+       seed=st.integers(0, 2**16))
+def test_outputs_equal_oracle(req, dtype, seed):
+    t0 = time.perf_counter()
+    RAN["test_outputs_equal_oracle"] += 1
+    sizes, src, dst, shape, policy = req["sizes"], req["src"], req["dst"], req["shape"], req["policy"]
+    n = math.prod(sizes)
+    assert dist.get_world_size() >= n
+    with LocalTensorMode(n) as lm:
+        with POOL.use(sizes, req["flattened"]) as mesh:
+            _clear_spec_cache()
+            dt, coords = int_input(mesh, lm, src, shape, dtype, seed)
+            opt = redist_opt.optimize(
+                redist_opt.plan(mesh, list(src), list(dst), shape=shape, dtype=dtype), groups=policy
+            )
+            oracle = run_oracle(dt, dst)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ours = run_ours(dt, dst, groups=policy)
+            _clear_spec_cache()
+    what = _describe(req) + f" {dtype}"
+    if oracle.error is not None:
+        if is_rejection(oracle.error):
+            assert ours.error is not None, f"{what}: torch rejects ({oracle.describe_error()}), redist_opt does not"
+            return
+        # torch fails inside the LocalTensorMode simulation: check against the
+        # independent reference instead
+        assert ours.error is None, f"{what}: redist_opt raised {ours.describe_error()}"
+        exact = not any(p.is_partial() and p.reduce_op == "avg" for p in src)
+        assert_matches_reference(ours.out, dt, coords, shape, src, exact)
+        RAN["test_outputs_equal_oracle (vs reference)"] += 1
+    else:
+        assert ours.error is None, (
+            f"{what}: redist_opt raised {ours.describe_error()}; plan {signature(opt)}"
+        )
+        exact = not any(p.is_partial() and p.reduce_op == "avg" for p in src)
+        try:
+            assert_same_locals(ours.out, oracle.out, exact=exact)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: plan {signature(opt)}: {e}") from None
+    assert_replicas_equal(ours.out, coords, sizes)
+    ours_warnings = [str(w.message) for w in caught if "redist_opt" in str(w.message)]
+    assert ours.total == opt.num_collectives, (
+        f"{what}: the runtime issued {ours.total} {ours.kinds}, the plan lists "
+        f"{signature(opt)}; warnings: {ours_warnings}"
+    )
+    if oracle.error is None:
+        assert ours.total <= oracle.total, (
+            f"{what}: redist_opt issued {ours.total} {ours.kinds} > torch (merge off) {oracle.total}"
+        )
+    SECONDS["test_outputs_equal_oracle"] += time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------
+# 2. Planning only: never more collectives nor bytes than torch 2.13
+# ----------------------------------------------------------------------------
+
+
+@settings(max_examples=N_PLAN, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(req=requests(MAX_PLAN_RANKS, planning=True),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+def test_plan_never_worse_than_torch(req, dtype):
+    t0 = time.perf_counter()
+    RAN["test_plan_never_worse_than_torch"] += 1
+    names = MeshPool.names(len(req["sizes"]))
+    spec = redist_opt.MeshSpec(req["sizes"], names, flattened=list(req["flattened"]))
+    p = redist_opt.plan(spec, list(req["src"]), list(req["dst"]), shape=req["shape"], dtype=dtype)
+    assert not p.fallback, p.fallback_reason
+    ours = redist_opt.optimize(p, groups=req["policy"])
+    model = torch_model(p)
+    what = (f"{_describe(req)} {dtype}: ours {signature(ours)} ({ours.bytes_per_rank} B), "
+            f"torch 2.13 {model.describe()} ({[v.bytes_per_rank for v in model.variants]} B), "
+            f"naive {signature(p)}")
+    assert ours.num_collectives <= model.min_collectives, f"more collectives than torch: {what}"
+    assert ours.bytes_per_rank <= model.min_bytes_per_rank, f"more bytes per rank than torch: {what}"
+    if req["policy"] == "existing":
+        missing = [g for g in ours.groups_needed() if not spec.group_exists(g)]
+        assert not missing, f"groups='existing' plan needs groups that do not exist {missing}: {what}"
+    SECONDS["test_plan_never_worse_than_torch"] += time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------
+# Report how many examples ran
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts(request):
+    yield
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{k}: {v} examples ({SECONDS[k]:.1f}s in the test bodies)" if k in SECONDS
+             else f"{k}: {v} examples" for k, v in sorted(RAN.items())]
+    lines.append(f"total: {sum(v for k, v in RAN.items() if '(' not in k)} examples")
+    text = "hypothesis examples run: " + "; ".join(lines)
+    if tr is not None:
+        tr.write_line("")
+        tr.write_line(text)
+    else:
+        print(text)
