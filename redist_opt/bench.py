@@ -940,12 +940,14 @@ def wall_bench(
     }
 
 
+BUILTIN_PROFILES = ("nccl", "gloo")
+
 # Differences below this fraction are never flagged, however tight the samples.
 MIN_FLAG_RATIO = 0.05
 
 
 def format_wall(res: dict) -> str:
-    profile = res["cost_profile"] or "default"
+    profile = res["cost_profile"] or "default (redist_opt's default model)"
     if res["cost_profile"] and not res["cost_profile_used"]:
         profile += " (not used: redistribute takes no cost=)"
     lines = [
@@ -982,7 +984,10 @@ def cmd_bench(args) -> int:
     cost = None
     if args.profile:
         try:
-            cost = CostModel.load(args.profile)
+            if args.profile in BUILTIN_PROFILES and not os.path.exists(args.profile):
+                cost = CostModel.profile(args.profile)
+            else:
+                cost = CostModel.load(args.profile)
         except (OSError, ValueError) as e:
             return _usage_error("bench", f"--profile: {e}")
     result: dict = {"torch": _torch_version(), "cost_profile_path": args.profile, "load_average": _loadavg()}
@@ -1062,6 +1067,10 @@ def add_bench_arguments(p) -> None:
     p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
     p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
-    p.add_argument("--profile", help="a cost profile from `redist-opt calibrate` for the optimizer")
+    p.add_argument(
+        "--profile",
+        help="the optimizer's cost profile: a JSON file from `redist-opt calibrate`, or a built-in "
+        f"profile name ({', '.join(BUILTIN_PROFILES)}); default: redist_opt's default model",
+    )
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")

@@ -211,12 +211,25 @@ def _explain_error(message: str):
 # -- demo: a 3-D redistribution over 8 real gloo processes -------------------------
 
 DEMO_MESH = ((2, 2, 2), ("dp", "cp", "tp"))
+# Flattened meshes the demo job creates (as a training job would for its loss
+# reductions); the whole mesh is also the world group, which exists anyway.
+DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"))
 DEMO_CASES = [
-    # (src, dst, global shape): gradient-style reductions, an uneven gather, an all_to_all
-    ("P,P,P", "R,S(0),R", (8, 6)),
-    ("S(0),S(0),S(1)", "R,R,R", (5, 3)),
-    ("S(0),R,S(1)", "S(1),R,S(0)", (6, 7)),
+    # (src, dst, global shape)
+    ("P,P,P", "R,S(0),R", (8, 6)),  # reduce_scatter first, then one all_reduce over dp+tp
+    ("P,P,P", "R,R,R", (4, 4)),  # one all_reduce over the world group
+    ("S(0),S(0),S(1)", "R,R,R", (5, 3)),  # uneven: one exact all_gather over dp+cp
+    ("S(0),S(0),R", "S(1),S(1),R", (6, 8)),  # one all_to_all over dp+cp
 ]
+
+
+def _demo_spec():
+    import redist_opt
+
+    sizes, names = DEMO_MESH
+    return redist_opt.MeshSpec(
+        sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN] + ["+".join(names)]
+    )
 
 
 def _free_port() -> int:
@@ -225,56 +238,67 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _demo_input(mesh, src_p, shape, rank):
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    # Small integers: every summation order gives the same bits, so results can
+    # be compared exactly with torch's, however the optimizer regrouped the sums.
+    full = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 7) % 11
+    base = [Replicate() if p.is_partial() else p for p in src_p]
+    dt = distribute_tensor(full, mesh, base, src_data_rank=None)
+    if any(p.is_partial() for p in src_p):
+        local = dt.to_local() + rank % 3  # every rank holds a different partial value
+        dt = DTensor.from_local(local, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride())
+    return dt
+
+
 def _demo_worker(rank: int, world: int, port: int, queue) -> None:
+    import logging
+
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
 
     import redist_opt
     from redist_opt.torch_dtensor import reference_semantics
 
-    import logging
-
     # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk.
     logging.getLogger("torch.distributed.tensor._collective_utils").setLevel(logging.ERROR)
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         sizes, names = DEMO_MESH
         mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
+        for dims in DEMO_FLATTEN:
+            mesh[dims]._flatten()
         results = []
         for src, dst, shape in DEMO_CASES:
             src_p = redist_opt.parse_placements(src)
             dst_p = redist_opt.parse_placements(dst)
-            torch.manual_seed(0)
-            full = torch.randn(shape)
-            base = [p if not p.is_partial() else redist_opt.parse_placement("R") for p in src_p]
-            dt = distribute_tensor(full, mesh, base, src_data_rank=None)
-            if any(p.is_partial() for p in src_p):
-                # Every rank holds a different partial value.
-                local = dt.to_local() * (rank + 1)
-                dt = DTensor.from_local(local, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride())
+            dt = _demo_input(mesh, src_p, shape, rank)
             with reference_semantics(), CommDebugMode() as ref_mode:
                 ref = dt.redistribute(mesh, dst_p).to_local()
+            with CommDebugMode() as torch_mode:
+                merged = dt.redistribute(mesh, dst_p).to_local()
             with CommDebugMode() as our_mode:
                 out = redist_opt.redistribute(dt, dst_p).to_local()
-            t_ref = _median_time(lambda: dt.redistribute(mesh, dst_p), reference_semantics)
-            t_our = _median_time(lambda: redist_opt.redistribute(dt, dst_p))
             results.append(
                 dict(
-                    case=f"{src} -> {dst} {shape}",
                     equal=bool(torch.equal(ref, out)),
+                    torch_merge_equal=bool(torch.equal(ref, merged)),
                     ref_colls=ref_mode.get_total_counts(),
+                    torch_colls=torch_mode.get_total_counts(),
                     our_colls=our_mode.get_total_counts(),
-                    t_ref=t_ref,
-                    t_our=t_our,
-                    local_shape=tuple(out.shape),
+                    t_ref=_median_time(lambda: dt.redistribute(mesh, dst_p), reference_semantics),
+                    t_torch=_median_time(lambda: dt.redistribute(mesh, dst_p)),
+                    t_our=_median_time(lambda: redist_opt.redistribute(dt, dst_p)),
                 )
             )
         queue.put((rank, results, None))
-    except Exception as e:  # report to the parent instead of hanging the others
+    except Exception:  # report to the parent instead of hanging the others
         import traceback
 
         queue.put((rank, None, traceback.format_exc()))
@@ -291,6 +315,7 @@ def _median_time(fn, context=None, repeat: int = 7) -> float:
 
     times = []
     with context() if context else contextlib.nullcontext():
+        fn()
         for _ in range(repeat):
             dist.barrier()
             t0 = time.perf_counter()
@@ -303,16 +328,19 @@ def cmd_demo(args) -> int:
     import torch.multiprocessing as mp
 
     import redist_opt
+    from redist_opt.cost import CostModel
+    from redist_opt.dump import format_explain
 
     sizes, names = DEMO_MESH
     world = 1
     for s in sizes:
         world *= s
-    spec = redist_opt.MeshSpec(sizes=sizes, names=names)
-    print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}\n")
+    spec = _demo_spec()
+    flats = ", ".join("+".join(f) for f in DEMO_FLATTEN)
+    print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {flats}\n")
     for src, dst, shape in DEMO_CASES:
-        p = redist_opt.optimize(redist_opt.plan(spec, src, dst, shape=shape))
-        print(str(p))
+        naive = redist_opt.plan(spec, src, dst, shape=shape)
+        print(format_explain(naive, redist_opt.optimize(naive), cost_model=CostModel.default(), show_ir=False))
         print()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -341,19 +369,26 @@ def cmd_demo(args) -> int:
         return 1
     ok = True
     print()
-    print(f"{'case':<36} {'ranks equal':>11} {'torch colls':>11} {'ours':>5} {'torch ms':>9} {'ours ms':>8}   (median of 7, slowest rank)")
+    print("collectives and wall time per redistribution (median of 7 runs, slowest rank):")
+    header = f"{'case':<38} {'equal':>6} {'torch no-merge':>15} {'torch merge':>12} {'redist_opt':>11}"
+    print(header)
     for i, (src, dst, shape) in enumerate(DEMO_CASES):
         rows = [reports[r][i] for r in range(world)]
         equal = all(r["equal"] for r in rows)
         ok &= equal
-        t_ref = max(r["t_ref"] for r in rows) * 1e3
-        t_our = max(r["t_our"] for r in rows) * 1e3
+        t = {k: max(r[k] for r in rows) * 1e3 for k in ("t_ref", "t_torch", "t_our")}
+        torch_ok = "" if all(r["torch_merge_equal"] for r in rows) else " WRONG"
+        case = f"{src} -> {dst} {shape}"
         print(
-            f"{rows[0]['case']:<36} {str(equal) + ' x' + str(world):>11} {rows[0]['ref_colls']:>11} "
-            f"{rows[0]['our_colls']:>5} {t_ref:>9.2f} {t_our:>8.2f}"
+            f"{case:<38} {str(equal):>6} {rows[0]['ref_colls']:>3} {t['t_ref']:>7.2f} ms "
+            f"{rows[0]['torch_colls']:>2} {t['t_torch']:>5.2f} ms{torch_ok} "
+            f"{rows[0]['our_colls']:>2} {t['t_our']:>5.2f} ms"
         )
     print()
-    print("every rank's result equals torch's redistribute (merge pass disabled)" if ok else "MISMATCH")
+    if ok:
+        print(f"every rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks")
+    else:
+        print("MISMATCH against torch's redistribute")
     return 0 if ok else 1
 
 

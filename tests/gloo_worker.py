@@ -167,9 +167,22 @@ def worker(rank: int, port: int) -> None:
                 k1 = {k: v for k, v in k1.items() if v}
             assert k2 == k1, f"{name}: collectives {k2} != torch (merge disabled) {counts(c1)}"
 
-        for case in CASES:
-            run(case)
-        run(ROUTED_CASE, routed=True)
+        # Run every case (each one's collectives complete on all ranks before
+        # its checks), then fail with all the differences at once.
+        failures = []
+        for case, routed in [(c, False) for c in CASES] + [(ROUTED_CASE, True)]:
+            try:
+                run(case, routed=routed)
+            except AssertionError as e:
+                failures.append(str(e))
+            except Exception:  # noqa: BLE001 - a harness-side error: keep its traceback
+                import traceback
+
+                failures.append(f"rank {rank}: {case}: {traceback.format_exc()}")
         dist.barrier()
+        if failures:
+            raise AssertionError(
+                f"{len(failures)} of {len(CASES) + 1} gloo case(s) failed:\n" + "\n".join(failures)
+            )
     finally:
         dist.destroy_process_group()

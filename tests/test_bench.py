@@ -41,7 +41,7 @@ def profile(tmp_path_factory):
 def test_calibrate_end_to_end(profile):
     proc, out = profile
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "measured ms" in proc.stdout and "model ms" in proc.stdout
+    assert "measured ms" in proc.stdout and "modelled ms" in proc.stdout and "model / measured" in proc.stdout
     data = json.loads(out.read_text())
     model = CostModel.load(out)
     assert model.algorithm in ("ring", "tree")
