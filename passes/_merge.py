@@ -96,19 +96,23 @@ def choose(
             cache[members] = Block(members, choice.group.dims if choice else dims, choice, why, t)
         return cache[members]
 
-    best, best_key = None, None
+    options = []
     for part in partitions:
         blocks = [block(tuple(m)) for m in part]
-        if any(b.choice is None for b in blocks):
-            continue
-        total = sum(b.time for b in blocks)
-        if ctx.prefer == "consistency":
-            key = (len(blocks), total)
-        else:
-            key = (round(total, 15), len(blocks))
-        if best_key is None or key < best_key:
-            best, best_key = blocks, key
-    return best, cache
+        if all(b.choice is not None for b in blocks):
+            options.append((sum(b.time for b in blocks), len(blocks), blocks))
+    if ctx.prefer == "consistency":
+        return min(options, key=lambda o: (o[1], o[0]))[2], cache
+    # Fewest collectives among the options within MARGIN of the fastest: a model
+    # calibrated on a noisy machine should not flip a merge on a 1% difference,
+    # and one collective also gives bitwise-equal replicas.
+    fastest = min(o[0] for o in options)
+    near = [o for o in options if o[0] <= fastest * (1 + MARGIN)]
+    return min(near, key=lambda o: (o[1], o[0]))[2], cache
+
+
+# Relative modelled-time slack within which the partition with fewer collectives wins.
+MARGIN = 0.05
 
 
 class MergeRunPass(RedistPass):

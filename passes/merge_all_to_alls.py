@@ -32,7 +32,6 @@ need a local chunk permutation).
 
 from __future__ import annotations
 
-import dataclasses
 
 from torch.distributed.tensor.placement_types import Shard
 from torch.fx.passes.infra.pass_base import PassResult

@@ -1,4 +1,4 @@
-"""The ``redist-opt`` command: ``demo`` and ``explain``.
+"""The ``redist-opt`` command: ``demo``, ``explain``, ``calibrate`` and ``bench``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
 """
