@@ -180,6 +180,14 @@ def _plans_for(spec, src, dst, shape, dtype, options) -> tuple[Plan, Plan]:
     return hit
 
 
+def _at_dtype(dtensor: DTensor, dtype: torch.dtype):
+    """(local tensor, spec) of ``dtensor`` cast to ``dtype`` for the collectives."""
+    local = dtensor._local_tensor
+    if local.dtype == dtype:
+        return local, dtensor._spec
+    return local.to(dtype=dtype), tdt.spec_with_dtype(dtensor._spec, dtensor, dtype)
+
+
 class _Redistribute(torch.autograd.Function):
     """Mirror of torch's ``Redistribute`` with our local redistribution."""
 
@@ -189,11 +197,7 @@ class _Redistribute(torch.autograd.Function):
         ctx.options = options
         ctx.bwd_op_dtype, ctx.bwd_out_dtype = dtype_config["backward"]
         op_dtype, out_dtype = dtype_config["forward"]
-        local = input._local_tensor
-        current_spec = input._spec
-        if op_dtype != local.dtype:
-            local = local.to(dtype=op_dtype)
-            current_spec = tdt.spec_with_dtype(current_spec, input, op_dtype)
+        local, current_spec = _at_dtype(input, op_dtype)
         ctx.current_spec = current_spec
         if current_spec.placements != placements:
             target_spec = tdt.make_spec(device_mesh, placements, current_spec.tensor_meta)
@@ -222,11 +226,8 @@ class _NestedRedistribute(torch.autograd.Function):
     def forward(ctx, grad_output, previous_spec, async_op, op_dtype, out_dtype, options):  # type: ignore[override]
         ctx.async_op, ctx.op_dtype, ctx.options = async_op, op_dtype, options
         ctx.original_dtype = grad_output._local_tensor.dtype
-        local = grad_output._local_tensor
-        current_spec = grad_output._spec
-        if op_dtype != local.dtype:
-            local = local.to(dtype=op_dtype)
-            current_spec = tdt.spec_with_dtype(current_spec, grad_output, op_dtype)
+        local, current_spec = _at_dtype(grad_output, op_dtype)
+        if current_spec is not grad_output._spec:
             previous_spec = tdt.respec(previous_spec, tensor_meta=current_spec.tensor_meta)
         # As torch: gradients of Shard/Replicate -> Partial stay Replicate (reducing
         # them back to Partial would only cost a reduction later).

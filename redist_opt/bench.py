@@ -43,6 +43,8 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+import torch
+
 from .cost import KINDS, CostModel, steps_and_bytes
 
 __all__ = [
@@ -738,9 +740,22 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
         ("plan+optimize", "uncached", per_call(do_both, runs, True)),
     ]
     do_both()
+    # The eager hot path: what redist_opt.redistribute does per call once planned
+    # (Placement objects in, one dictionary lookup for the naive and optimized plans).
+    from redist_opt.api import _plans_for
+
+    hot_key = (
+        spec,
+        redist_opt.parse_placements(c["src"]),
+        redist_opt.parse_placements(c["dst"]),
+        tuple(c["shape"]),
+        torch.float32,
+        ("existing", None, kw.get("cost"), "time"),
+    )
     rows += [
         ("plan", "cached", per_call(do_plan, cached_runs, False)),
         ("plan+optimize", "cached", per_call(do_both, cached_runs, False)),
+        ("redistribute hot path", "cached", per_call(lambda: _plans_for(*hot_key), cached_runs, False)),
     ]
     for what, mode, ts in rows:
         out[f"{what} {mode}"] = {

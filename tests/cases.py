@@ -87,13 +87,18 @@ def one_d_cases():
 def two_d_cases():
     cases = []
     pairs = [(s, d) for s in lists(V2, 2) for d in lists(V2, 2)]
-    # every pair on every 2-D mesh, each on two different shapes; the shapes
-    # rotate over the pair index so every shape class sees a third of the
-    # pairs on every mesh
-    for m in ["2x2", "3x2", "2x4"]:
+    # every pair x every shape on 2x2; every pair on 3x2 and 2x4, each on three
+    # different shapes (rotating over the pair index, so every shape class
+    # sees half of the pairs on each mesh); every pair on 2x3 on one shape
+    for s, d in pairs:
+        for shape in SHAPES_2D:
+            cases.append(Case("2x2", s, d, shape))
+    for m in ["3x2", "2x4"]:
         for i, (s, d) in enumerate(pairs):
-            cases.append(Case(m, s, d, SHAPES_2D[i % 6]))
-            cases.append(Case(m, s, d, SHAPES_2D[(i + 3) % 6]))
+            for k in (0, 2, 4):
+                cases.append(Case(m, s, d, SHAPES_2D[(i + k) % 6]))
+    for i, (s, d) in enumerate(pairs):
+        cases.append(Case("2x3", s, d, SHAPES_2D[i % 6]))
     rng = random.Random(2024)
     # S(-1) spelled in src/dst
     for m in ["2x2", "3x2"]:
@@ -104,7 +109,10 @@ def two_d_cases():
     # partial reduce ops
     p_pairs = [(s, d) for s, d in pairs if "P" in s or "P" in d]
     for op in OPS:
-        for m, k in [("2x2", 50), ("3x2", 25), ("2x4", 25)]:
+        # every pair involving P on 2x2, a sample on 3x2 / 2x4
+        for i, (s, d) in enumerate(p_pairs):
+            cases.append(Case("2x2", with_op(s, op), with_op(d, op), SHAPES_2D[i % 6]))
+        for m, k in [("3x2", 25), ("2x4", 25)]:
             for s, d in rng.sample(p_pairs, k):
                 cases.append(Case(m, with_op(s, op), with_op(d, op), rng.choice(SHAPES_2D)))
     # dtypes
@@ -128,10 +136,10 @@ def three_d_cases():
     cases = []
     rng = random.Random(777)
     all3 = lists(V2, 3)
-    # stratified: every src list with 5 random dst lists (and every dst list
+    # stratified: every src list with 16 random dst lists (and every dst list
     # with 2 random src lists)
     for s in all3:
-        for d in rng.sample(all3, 5):
+        for d in rng.sample(all3, 16):
             cases.append(Case("2x2x2", s, d, rng.choice(SHAPES_2D)))
     for d in all3:
         for s in rng.sample(all3, 2):
@@ -163,7 +171,7 @@ def mesh_variant_cases():
         vocab = V1 if nd == 1 else V2
         all_l = lists(vocab, nd)
         pairs = [(s, d) for s in all_l for d in all_l]
-        k = min(len(pairs), 40)
+        k = min(len(pairs), 60)
         for s, d in rng.sample(pairs, k):
             cases.append(Case(m, s, d, rng.choice(SHAPES_2D), rng.choice([F32, F32, F64, BF16])))
         p_pairs = [(s, d) for s, d in pairs if "P" in s or "P" in d]

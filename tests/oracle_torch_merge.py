@@ -46,9 +46,24 @@ import math
 from collections.abc import Iterable, Sequence
 
 import torch
-from torch.distributed.tensor.placement_types import Partial, Shard
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.placement_types import Partial, Placement, Shard
 
 import redist_opt
+from harness import (
+    collective_kind,
+    global_reference,
+    is_rejection,
+    local_slice,
+    local_tensors,
+    normalize,
+    pstr,
+    rank_coordinates,
+)
 from redist_opt import ir
 from redist_opt import symbolic as sym
 from redist_opt.lower import lower_steps
@@ -280,40 +295,28 @@ def signature(plan: Plan) -> list[str]:
 # Execution helpers (LocalTensorMode on the fake backend)
 # ----------------------------------------------------------------------------
 
-# imported lazily by the users: harness pulls in the fake-PG setup
-from harness import (  # noqa: E402
-    collective_kind,
-    global_reference,
-    is_rejection,
-    local_slice,
-    local_tensors,
-    normalize,
-    pstr,
-    rank_coordinates,
-)
-from torch.distributed._local_tensor import LocalTensorMode  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor  # noqa: E402
-from torch.distributed.tensor._redistribute import (  # noqa: E402
-    disable_redistribute_transform_optimization,
-)
-from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
-from torch.distributed.tensor.placement_types import Placement  # noqa: E402
 
-
-def int_input(mesh, lm: LocalTensorMode, src: Sequence[Placement], shape, dtype, seed: int):
+def int_input(mesh, lm: LocalTensorMode, src: Sequence[Placement], shape, dtype, seed: int, coords=None):
     """A DTensor with placements ``src`` holding small integers (exact sums in
     float32/float64). Partial ranks hold different integers that depend only on
     their coordinates along the non-Replicate mesh dims (replicas identical).
-    Returns (dtensor, {rank: coords}). Must run inside ``lm``."""
+    Returns (dtensor, {rank: coords}). Must run inside ``lm``; ``coords`` (the
+    ranks' mesh coordinates) may be passed to save recomputing them."""
     ndim = len(shape)
     src_n = [normalize(p, ndim) for p in src]
     with lm.disable():
         g = torch.randint(-8, 9, tuple(shape), generator=torch.Generator().manual_seed(seed)).to(dtype)
     base = [Replicate() if p.is_partial() else p for p in src_n]
-    d0 = distribute_tensor(lm.rank_map(lambda r: g.clone()), mesh, base, src_data_rank=None)
-    coords = rank_coordinates(mesh, lm)
-    base_locals = d0._local_tensor._local_tensors
+    if coords is None:
+        coords = rank_coordinates(mesh, lm)
+    mesh_shape = tuple(mesh.shape)
+    if all(type(p) in (Replicate, Shard) for p in base):
+        # default-order nested torch.chunk sharding (the harness's local_slice,
+        # itself checked against torch by the harness's oracle-sanity tests)
+        base_locals = {r: g[local_slice(shape, base, mesh_shape, coords[r])].clone() for r in lm.ranks}
+    else:  # e.g. _StridedShard: let torch lay it out
+        d0 = distribute_tensor(lm.rank_map(lambda r: g.clone()), mesh, base, src_data_rank=None)
+        base_locals = d0._local_tensor._local_tensors
     partial = any(p.is_partial() for p in src_n)
 
     def make_local(r):
@@ -453,20 +456,22 @@ class MeshPool:
     def __init__(self) -> None:
         self.roots: dict[tuple, object] = {}
         self.flats: dict[tuple, dict] = {}  # sizes -> {dims: flattened mesh}
+        self.coords: dict[tuple, dict] = {}  # sizes -> {rank: coordinates}
 
     @staticmethod
     def names(n: int) -> tuple[str, ...]:
         return tuple("abcd"[:n])
 
-    def root(self, sizes: tuple[int, ...]):
+    def root(self, sizes: tuple[int, ...], lm: LocalTensorMode):
         if sizes not in self.roots:
             self.roots[sizes] = init_device_mesh("cpu", sizes, mesh_dim_names=self.names(len(sizes)))
             self.flats[sizes] = {}
+            self.coords[sizes] = rank_coordinates(self.roots[sizes], lm)
         return self.roots[sizes]
 
     @contextlib.contextmanager
-    def use(self, sizes: tuple[int, ...], flattened: Iterable[tuple[int, ...]]):
-        root = self.root(sizes)
+    def use(self, sizes: tuple[int, ...], flattened: Iterable[tuple[int, ...]], lm: LocalTensorMode):
+        root = self.root(sizes, lm)
         names = self.names(len(sizes))
         mapping = root._flatten_mapping
         saved = dict(mapping)

@@ -18,7 +18,20 @@ from torch.distributed.tensor._redistribute import (
 )
 
 import redist_opt
-from harness import MESHES, Case, check_case, local_tensors, oracle_only
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.tensor import distribute_tensor
+
+from harness import (
+    MESHES,
+    Case,
+    _rand,
+    build_input,
+    check_case,
+    get_mesh,
+    local_tensors,
+    oracle_only,
+    parse_placement,
+)
 
 SANITY = [
     Case(m, s, d, shape)
@@ -53,6 +66,43 @@ def test_oracle_matches_independent_reference(case):
 def test_oracle_matches_reference_partial_ops(op):
     ref = oracle_only(Case("2x2x2", (f"P({op})", "S(0)", f"P({op})"), ("R", "S(1)", "S(0)"), (7, 5)))
     assert ref.error is None, ref.describe_error()
+
+
+@pytest.mark.parametrize(
+    "mesh_name,placements,shape",
+    [
+        ("1d3", ("S(0)",), (7, 5)),
+        ("1d4", ("S(1)",), (3, 7)),
+        ("3x2", ("S(0)", "S(0)"), (7, 5)),
+        ("2x4", ("S(1)", "S(0)"), (5, 3)),
+        ("2x2x2", ("S(0)", "S(1)", "S(0)"), (7, 5)),
+        ("2x2x2", ("S(0)", "S(0)", "S(0)"), (5, 3)),
+        ("2x2x2", ("R", "S(1)", "S(1)"), (3, 7)),
+        ("2x1x2", ("S(0)", "S(0)", "S(0)"), (3, 2)),
+        ("colmajor2x4", ("S(0)", "S(1)"), (7, 5)),
+        ("reversed2x2", ("S(0)", "S(0)"), (3, 7)),
+        ("sub_ac_of_2x2x2", ("S(1)", "S(0)"), (5, 3)),
+        ("unflat8_4x2", ("S(0)", "S(0)"), (7, 5)),
+        ("flat_ac_of_2x2x2", ("S(0)",), (5, 3)),
+        ("2x2x2x2", ("S(0)", "S(0)", "S(1)", "S(0)"), (7, 5)),
+        ("2x4", ("S(0)", "S(1)"), (0, 4)),
+        ("2x4", ("S(1)", "S(1)"), (4, 0)),
+    ],
+)
+def test_input_slicing_matches_distribute_tensor(mesh_name, placements, shape):
+    """build_input's own slicing gives exactly distribute_tensor's local shards."""
+    f = MESHES[mesh_name]
+    pl = [parse_placement(p) for p in placements]
+    with LocalTensorMode(f.nranks) as lm:
+        mesh = get_mesh(f, lm)
+        inp = build_input(mesh, lm, pl, shape, torch.float32, 11)
+        with lm.disable():
+            g = _rand(shape, torch.float32, 11)
+        g_all = lm.rank_map(lambda r: g.clone())
+        want = local_tensors(distribute_tensor(g_all, mesh, pl, src_data_rank=None))
+    got = local_tensors(inp.dt)
+    for r in want:
+        assert got[r].shape == want[r].shape and torch.equal(got[r], want[r]), f"rank {r}"
 
 
 # ---------------------------------------------------------------------------

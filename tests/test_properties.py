@@ -65,7 +65,7 @@ N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", 2400))
 MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
 MAX_PLAN_RANKS = 5**4
 OPS = ("sum", "avg", "max", "min")
-SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])
+SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])  # uneven and zero-size included
 
 RAN: Counter = Counter()
 SECONDS: Counter = Counter()
@@ -76,41 +76,48 @@ SECONDS: Counter = Counter()
 # ----------------------------------------------------------------------------
 
 
-@st.composite
-def mesh_sizes(draw, max_ranks: int):
-    ndim = draw(st.integers(1, 4))
-    sizes, prod = [], 1
-    for _ in range(ndim):
-        s = draw(st.integers(1, max(1, min(5, max_ranks // prod))))
-        sizes.append(s)
-        prod *= s
-    return tuple(sizes)
+_INT: dict[tuple[int, int], st.SearchStrategy] = {}
+BOOL = st.booleans()
 
 
-def partial(op: str):
+def ints(lo: int, hi: int) -> st.SearchStrategy:
+    """Cached integer strategies (building strategies per draw is slow)."""
+    if (lo, hi) not in _INT:
+        _INT[lo, hi] = st.integers(lo, hi)
+    return _INT[lo, hi]
+
+
+def _shard_or(draw, options: str, tnd: int, op: str):
+    """One of ``options`` ("R", "S", "P"): Replicate, Shard(d) with d in [-tnd, tnd), Partial(op)."""
+    kind = options[draw(ints(0, len(options) - 1))]
+    if kind == "R":
+        return Replicate()
+    if kind == "S":
+        return Shard(draw(ints(-tnd, tnd - 1)))
     return Partial(op)
 
 
 @st.composite
 def requests(draw, max_ranks: int, planning: bool):
-    sizes = draw(mesh_sizes(max_ranks))
-    ndim = len(sizes)
+    ndim = draw(ints(1, 4))
+    sizes, prod = [], 1
+    for _ in range(ndim):
+        s = draw(ints(1, max(1, min(5, max_ranks // prod))))
+        sizes.append(s)
+        prod *= s
+    sizes = tuple(sizes)
     candidates = [c for k in range(2, ndim + 1) for c in itertools.combinations(range(ndim), k)]
-    flattened = tuple(sorted(draw(st.sets(st.sampled_from(candidates), max_size=len(candidates))))
-                      if candidates else ())
-    tnd = draw(st.integers(1, 3))
+    flattened = tuple(c for c in candidates if draw(BOOL))
+    tnd = draw(ints(1, 3))
     shape = tuple(draw(SIZES) for _ in range(tnd))
-    op = draw(st.sampled_from(OPS))
-    shard = st.integers(-tnd, tnd - 1).map(Shard)
-    src_one = st.one_of(st.just(Replicate()), shard, st.just(Partial(op)))
-    src = tuple(draw(src_one) for _ in range(ndim))
+    op = OPS[draw(ints(0, len(OPS) - 1))]
+    src = tuple(_shard_or(draw, "RSP", tnd, op) for _ in range(ndim))
     dst = []
     for s in src:
-        options = [st.just(Replicate()), shard]
-        if s.is_partial() or (planning and s.is_replicate()):
-            options.append(st.just(Partial(op)))  # P -> P (kept), or R -> P (plans only)
-        dst.append(draw(st.one_of(*options)))
-    policy = draw(st.sampled_from(["existing", "create"]))
+        # P -> P (kept as is); R -> P only in plans (redistribute rejects it, as torch does)
+        keep_p = s.is_partial() or (planning and s.is_replicate())
+        dst.append(_shard_or(draw, "RSP" if keep_p else "RS", tnd, op))
+    policy = ("existing", "create")[draw(ints(0, 1))]
     return dict(sizes=sizes, flattened=flattened, src=src, dst=tuple(dst), shape=shape,
                 policy=policy, op=op)
 
@@ -150,9 +157,9 @@ def test_outputs_equal_oracle(req, dtype, seed):
     n = math.prod(sizes)
     assert dist.get_world_size() >= n
     with LocalTensorMode(n) as lm:
-        with POOL.use(sizes, req["flattened"]) as mesh:
+        with POOL.use(sizes, req["flattened"], lm) as mesh:
             _clear_spec_cache()
-            dt, coords = int_input(mesh, lm, src, shape, dtype, seed)
+            dt, coords = int_input(mesh, lm, src, shape, dtype, seed, POOL.coords[sizes])
             opt = redist_opt.optimize(
                 redist_opt.plan(mesh, list(src), list(dst), shape=shape, dtype=dtype), groups=policy
             )
