@@ -11,7 +11,6 @@ import itertools
 import random
 
 import torch
-
 from harness import Case
 
 F32, F64, BF16, C64 = torch.float32, torch.float64, torch.bfloat16, torch.complex64

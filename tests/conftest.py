@@ -21,7 +21,7 @@ for p in (ROOT, HERE):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-import harness  # noqa: E402
+import harness
 
 _collected: Counter = Counter()
 _outcomes: dict[str, Counter] = {}
@@ -51,7 +51,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for f in sorted(_collected):
         oc = _outcomes.get(f, Counter())
         detail = ", ".join(f"{v} {k}" for k, v in sorted(oc.items()))
-        tr.write_line(f"{f}: {_collected[f]} cases collected ({detail})")
+        tr.write_line(f"{f}: {_collected[f]} cases collected" + (f" ({detail})" if detail else ""))
     tr.write_line(f"total: {sum(_collected.values())} cases")
     if harness.ORACLE_ARTIFACTS:
         tr.write_line(

@@ -52,6 +52,7 @@ def worker(rank: int, port: int) -> None:
     os.environ["MASTER_PORT"] = str(port)
     import torch
     import torch.distributed as dist
+    from harness import collective_kind, parse_placement, pstr
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
     from torch.distributed.tensor._redistribute import (
@@ -60,7 +61,6 @@ def worker(rank: int, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     import redist_opt
-    from harness import collective_kind, parse_placement, pstr
 
     dtypes = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16,
               "c64": torch.complex64}

@@ -30,12 +30,12 @@ that reference instead; such cases are listed at the end of the pytest run.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import traceback
 import zlib
 from collections import Counter
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -445,9 +445,8 @@ def assert_matches_reference(out: DTensor, dt: DTensor, coords: dict, shape, src
 
 
 class MeshPool:
-    """Root meshes by sizes, each created once (under LocalTensorMode, mesh
-    creation costs ~0.1-0.5 s), and their flattened meshes by dim set, each
-    flattened once. ``use(sizes, flattened, lm)`` yields the root with *exactly*
+    """Root meshes by sizes, each created once, and their flattened meshes by
+    dim set, each flattened once. ``use(sizes, flattened, lm)`` yields the root with *exactly*
     ``flattened`` in its ``_flatten_mapping`` (what both torch's merge pass and
     redist_opt's ``groups="existing"`` consult) and restores it afterwards;
     groups created meanwhile (``groups="create"``) are kept for later reuse.
@@ -464,7 +463,13 @@ class MeshPool:
 
     def root(self, sizes: tuple[int, ...], lm: LocalTensorMode):
         if sizes not in self.roots:
-            self.roots[sizes] = init_device_mesh("cpu", sizes, mesh_dim_names=self.names(len(sizes)))
+            # Built with LocalTensorMode disabled (~100x faster): under the mode
+            # DeviceMesh.get_coordinate is patched to compute every simulated
+            # rank's coordinate from the layout, whoever built the mesh. (The
+            # property test cross-checks the oracle against an independent
+            # reference, which would catch a mesh the simulation misreads.)
+            with lm.disable():
+                self.roots[sizes] = init_device_mesh("cpu", sizes, mesh_dim_names=self.names(len(sizes)))
             self.flats[sizes] = {}
             self.coords[sizes] = rank_coordinates(self.roots[sizes], lm)
         return self.roots[sizes]
@@ -479,7 +484,8 @@ class MeshPool:
         pool = self.flats[sizes]
         for dims in flattened:
             if dims not in pool:
-                pool[dims] = root[tuple(names[d] for d in dims)]._flatten()
+                with lm.disable():
+                    pool[dims] = root[tuple(names[d] for d in dims)]._flatten()
             fm = pool[dims]
             mapping[fm.mesh_dim_names[0]] = fm
         wanted = dict(mapping)

@@ -22,16 +22,20 @@ from collections import Counter
 
 import pytest
 import torch
+from harness import MESHES, Case, check_case, collective_kind, get_mesh, run_case
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import redist_opt
-from harness import MESHES, Case, check_case, collective_kind, get_mesh, run_case
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 SHAPES = [(24, 24), (5, 3), (7, 5), (3, 7), (0, 4), (4, 0)]
 V = ["R", "S(0)", "S(1)", "P"]
+
+
+def _with_op(pl, op):
+    return tuple(f"P({op})" if p == "P" else p for p in pl)
 
 
 def _pool():
@@ -54,8 +58,7 @@ def _pool():
         p_pairs = [(s, d) for s, d in pairs if "P" in s]
         for op in ("avg", "max", "min"):
             s, d = rng.choice(p_pairs)
-            f = lambda pl: tuple(f"P({op})" if p == "P" else p for p in pl)  # noqa: E731
-            cases.append(Case(m, f(s), f(d), rng.choice(SHAPES)))
+            cases.append(Case(m, _with_op(s, op), _with_op(d, op), rng.choice(SHAPES)))
     # a few hand-picked classics
     cases += [
         Case("2x2x2", ("P", "P", "P"), ("R", "S(0)", "R"), (5, 3)),

@@ -6,7 +6,6 @@ is compared and cases.py for how the cases are generated."""
 from __future__ import annotations
 
 import pytest
-
 from cases import all_cases
 from harness import run_case
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import socket
 import time
 
+import gloo_worker
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import gloo_worker
 
 TIMEOUT_S = 300
 

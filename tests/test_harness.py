@@ -12,15 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import (
-    disable_redistribute_transform_optimization,
-)
-
-import redist_opt
-from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.tensor import distribute_tensor
-
 from harness import (
     MESHES,
     Case,
@@ -32,6 +23,13 @@ from harness import (
     oracle_only,
     parse_placement,
 )
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor._redistribute import (
+    disable_redistribute_transform_optimization,
+)
+
+import redist_opt
 
 SANITY = [
     Case(m, s, d, shape)

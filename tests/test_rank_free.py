@@ -21,10 +21,9 @@ import sys
 import textwrap
 
 import pytest
-import torch
+from harness import Case, check_case, oracle_only
 
 import redist_opt
-from harness import Case, check_case, oracle_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
