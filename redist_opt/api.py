@@ -8,6 +8,7 @@ result, differentiable twice like it); ``enabled()`` routes existing
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import warnings
@@ -23,7 +24,8 @@ from . import torch_dtensor as tdt
 from .mesh import MeshSpec
 from .placements import RedistributeError, normalize_placements, placement_str, placements_str
 from .plan import Plan, make_plan
-from .runtime import GroupUnavailable, execute
+from . import ir
+from .runtime import GroupUnavailable, check_local_shape, execute
 
 __all__ = ["plan", "optimize", "redistribute", "redistribute_local_tensor", "enabled"]
 
@@ -67,6 +69,9 @@ def optimize(
     instead of the default pipeline.
     """
     _check_groups(groups)
+    if not isinstance(groups, str):
+        for g in groups:  # names an existing mesh dim set, or raises naming the mesh
+            p.mesh.dims_of(g)
     if prefer not in ("time", "consistency"):
         raise RedistributeError(f"prefer={prefer!r}: expected 'time' or 'consistency'")
     if p.fallback:
@@ -309,12 +314,16 @@ def redistribute(
     return _Redistribute.apply(dtensor, device_mesh, target, async_op, dtype_config, options)
 
 
+_local_shape = functools.lru_cache(maxsize=4096)(ir.local_shape)
+
+
 def _check_spec_matches(dtensor: DTensor) -> None:
     spec = dtensor._spec
+    mesh_desc = "x".join(str(s) for s in spec.mesh.shape)
     if len(spec.placements) != spec.mesh.ndim:
         raise RedistributeError(
             f"DTensor spec has {len(spec.placements)} placements {placements_str(spec.placements)} "
-            f"for a {spec.mesh.ndim}-D mesh"
+            f"for a {spec.mesh.ndim}-D mesh ({mesh_desc})"
         )
     for d, p in enumerate(spec.placements):
         if isinstance(p, Shard) and not 0 <= p.dim < dtensor.ndim:
@@ -327,6 +336,9 @@ def _check_spec_matches(dtensor: DTensor) -> None:
             f"DTensor spec shape {tuple(spec.tensor_meta.shape)} does not match its shape "
             f"{tuple(dtensor.shape)}"
         )
+    if spec.mesh._is_current_rank_part_of_mesh() and all(type(p) in (Shard, Replicate, Partial) for p in spec.placements):
+        expected = _local_shape(tuple(dtensor.shape), tuple(spec.placements), tuple(spec.mesh.shape))
+        check_local_shape(expected, dtensor._local_tensor, spec.mesh, placements_str(spec.placements))
 
 
 # -- routing DTensor.redistribute ---------------------------------------------------

@@ -85,7 +85,8 @@ class MeshSpec:
             names = tuple(self.names)
             if len(names) != len(sizes):
                 raise RedistributeError(
-                    f"mesh ({self.shape_str}) has {len(sizes)} dims but {len(names)} names {names}"
+                    f"mesh ({'x'.join(map(str, sizes))}) has {len(sizes)} dims but {len(names)} "
+                    f"names {names}"
                 )
             if len(set(names)) != len(names):
                 raise RedistributeError(f"mesh dim names {names} are not unique")

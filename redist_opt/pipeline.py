@@ -13,6 +13,7 @@ from torch.fx.passes.infra.pass_manager import PassManager
 
 from . import ir
 from .dump import dump_dir_from_env, plan_tag, write_pass_dump
+from .placements import RedistributeError
 from .plan import Plan
 
 __all__ = ["run_pipeline"]
@@ -83,5 +84,11 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
     instances = [_Tracked(cls(ctx), changed, check, on_change) for cls in pass_classes]
     manager = PassManager(passes=instances)
     # Passes build new graphs (steps.relower) and never mutate their input.
-    result = manager(p.graph)
+    try:
+        result = manager(p.graph)
+    except Exception as e:
+        # PassManager wraps pass errors; a RedistributeError is the user's, surface it.
+        if isinstance(e.__cause__, RedistributeError):
+            raise e.__cause__ from None
+        raise
     return p.replace(graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes))

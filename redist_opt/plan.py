@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -145,8 +146,8 @@ def _make_plan_cached(mesh: MeshSpec, src, dst, shape, dtype) -> Plan:
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
     try:
-        out = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
+        out = tuple(operator.index(s) for s in shape)
+    except TypeError:
         raise RedistributeError(f"tensor shape {shape!r} must be a sequence of integers") from None
     if any(s < 0 for s in out):
         raise RedistributeError(f"tensor shape {out} has a negative size")

@@ -27,7 +27,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
-from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
+from torch.distributed._local_tensor import (
+    LocalTensor,
+    enabled_local_tensor_mode,
+    tensor_map,
+)
 
 from . import layout as L
 from . import symbolic as sym
@@ -83,6 +87,17 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
 _coords_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _int_on_rank(c, rank: int) -> int:
+    """A coordinate LocalTensorMode gives as a per-rank SymInt (or a constant), on ``rank``."""
+    if isinstance(c, torch.SymInt):
+        node = c.node
+        values = getattr(node, "_local_ints", None)
+        if values is not None:
+            return int(values[rank])
+        return int(node.maybe_as_int() if hasattr(node, "maybe_as_int") else node.int_())
+    return int(c)
+
+
 def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
     """This rank's mesh coordinate, or {rank: coordinate} under LocalTensorMode."""
     lm = enabled_local_tensor_mode()
@@ -95,16 +110,7 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
     per_mesh = _coords_cache.setdefault(device_mesh, {})
     if key not in per_mesh:
         coords = device_mesh.get_coordinate()
-        table: dict[int, list[int]] = {r: [] for r in lm.ranks}
-        for c in coords:
-            node = c.node if isinstance(c, torch.SymInt) else None
-            values = getattr(node, "_local_ints", None)
-            for r in lm.ranks:
-                if values is not None:
-                    table[r].append(int(values[r]))
-                else:
-                    table[r].append(int(c))
-        per_mesh[key] = {r: tuple(v) for r, v in table.items()}
+        per_mesh[key] = {r: tuple(_int_on_rank(c, r) for c in coords) for r in lm.ranks}
     return per_mesh[key]
 
 
@@ -166,6 +172,8 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
 
 
 def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:
+    if isinstance(x, funcol.AsyncCollectiveTensor):
+        x = x.wait()  # local ops need the data (async_op=True leaves collectives pending)
     symbolic = [i for i, p in enumerate(params) if isinstance(p, sym.sympy.Basic) and p.free_symbols]
     ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
     per_rank_tensors = isinstance(x, LocalTensor) and enabled_local_tensor_mode() is not None
@@ -212,36 +220,31 @@ def _run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.T
     raise AssertionError(f"unknown collective {name}")
 
 
-def check_input_shape(gm: fx.GraphModule, x: torch.Tensor, device_mesh) -> None:
+def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its placements") -> None:
     """Refuse a local tensor whose shape is not what its placements define.
 
     A DTensor built with ``from_local(..., run_check=False)`` and a wrong shape
     would otherwise produce a silently wrong result.
     """
-    expected = next(iter(gm.graph.nodes)).meta["shape"]
+    from .placements import RedistributeError
+
     if all(isinstance(e, sym.sympy.Integer) for e in expected):
-        shapes = {None: tuple(int(e) for e in expected)}
+        want_of = lambda rank: tuple(int(e) for e in expected)  # noqa: E731
     else:
         coords = rank_coordinates(device_mesh)
-        if isinstance(coords, tuple):
-            shapes = {None: tuple(sym.evaluate(e, coords) for e in expected)}
-        else:
-            shapes = {r: tuple(sym.evaluate(e, c) for e in expected) for r, c in coords.items()}
+        want_of = lambda rank: tuple(  # noqa: E731
+            sym.evaluate(e, coords if isinstance(coords, tuple) else coords[rank]) for e in expected
+        )
     locals_ = getattr(x, "_local_tensors", None)
-    for rank, want in shapes.items():
-        if locals_ is not None:
-            items = [(r, t) for r, t in locals_.items() if rank is None or r == rank]
-        else:
-            items = [(rank, x)]
-        for r, t in items:
-            if tuple(t.shape) != want:
-                from .placements import RedistributeError
-
-                who = "this rank" if r is None else f"rank {r}"
-                raise RedistributeError(
-                    f"the local tensor on {who} has shape {tuple(t.shape)} but its placements "
-                    f"define a local shape {want}: the DTensor's spec does not match its data"
-                )
+    items = locals_.items() if locals_ is not None else [(None, x)]
+    for rank, t in items:
+        want = want_of(rank)
+        if tuple(t.shape) != want:
+            who = "this rank" if rank is None else f"rank {rank}"
+            raise RedistributeError(
+                f"the local tensor on {who} has shape {tuple(t.shape)} but {what} define a "
+                f"local shape {want}: the DTensor's spec does not match its data"
+            )
 
 
 def execute(
@@ -255,7 +258,7 @@ def execute(
     """Run the IR chain on this rank's local tensor (or every simulated rank's)."""
     coords = None
     x = local_tensor
-    check_input_shape(gm, x, device_mesh)
+    check_local_shape(next(iter(gm.graph.nodes)).meta["shape"], x, device_mesh)
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:
