@@ -119,11 +119,13 @@ def worker(rank: int, port: int) -> None:
                     ref_err = e
             with CommDebugMode() as c2:
                 try:
+                    # passes=(): DTensor's own plan through redist_opt's runtime,
+                    # which must match torch bit for bit, collective for collective.
                     if routed:
-                        with redist_opt.enabled(groups="existing"):
+                        with redist_opt.enabled(groups="existing", passes=()):
                             cand = dt.redistribute(mesh, dst_p)
                     else:
-                        cand = redist_opt.redistribute(dt, dst_p, groups="existing")
+                        cand = redist_opt.redistribute(dt, dst_p, groups="existing", passes=())
                 except Exception as e:  # noqa: BLE001
                     cand_err = e
             assert torch.equal(dt.to_local(), before), f"{name}: input modified"
@@ -166,6 +168,21 @@ def worker(rank: int, port: int) -> None:
                 k1["all_to_all"] = k1.get("all_to_all", 0) + swapped
                 k1 = {k: v for k, v in k1.items() if v}
             assert k2 == k1, f"{name}: collectives {k2} != torch (merge disabled) {counts(c1)}"
+            # The optimized plan: never more collectives; equal values (within
+            # rounding where sum/avg reductions were regrouped).
+            with CommDebugMode() as c3:
+                opt = redist_opt.redistribute(dt, dst_p, groups="existing")
+            assert c3.get_total_counts() <= c1.get_total_counts(), (
+                f"{name}: optimized plan issues {c3.get_total_counts()} collectives > torch "
+                f"{c1.get_total_counts()}")
+            o = opt.to_local()
+            assert o.shape == a.shape and o.dtype == a.dtype, f"{name}: optimized local {tuple(o.shape)}"
+            if not torch.equal(o, a):
+                linear = any(p.is_partial() and p.reduce_op in ("sum", "avg")
+                             for p in dt.placements)
+                assert linear, f"{name}: optimized plan's values differ (no reduction to reorder)"
+                tol = 5e-2 if a.dtype == torch.bfloat16 else 1e-5
+                torch.testing.assert_close(o, a, rtol=tol, atol=tol, msg=f"{name}: optimized values")
 
         # Run every case (each one's collectives complete on all ranks before
         # its checks), then fail with all the differences at once.

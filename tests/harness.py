@@ -532,8 +532,10 @@ def run_candidate(
     *,
     via: str = "function",
     pass_mesh: bool = False,
+    passes=None,
     **kwargs,
 ) -> Outcome:
+    """redist_opt on the input; ``passes=()`` runs DTensor's own plan (no optimization)."""
     import redist_opt
 
     o = Outcome()
@@ -543,10 +545,10 @@ def run_candidate(
                 if pass_mesh:
                     kwargs["device_mesh"] = inp.mesh
                 o.out = redist_opt.redistribute(
-                    inp.dt, list(dst), groups="existing", **kwargs
+                    inp.dt, list(dst), groups="existing", passes=passes, **kwargs
                 )
             elif via == "enabled":
-                with redist_opt.enabled(groups="existing"):
+                with redist_opt.enabled(groups="existing", passes=passes):
                     o.out = inp.dt.redistribute(inp.mesh, list(dst), **kwargs)
             else:
                 raise AssertionError(via)
@@ -627,15 +629,19 @@ def check_case(
         mesh = get_mesh(mesh_factory, lm)
         inp = build_input(mesh, lm, src_p, shape, dtype, seed)
         ref = run_oracle(inp, dst_p, **kwargs)
-        cand = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, **kwargs)
+        cand = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, passes=(), **kwargs)
+        opt = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, **kwargs)
     _assert_input_unchanged(inp, "torch (oracle) or redist_opt")
     if ref.error is None and sanity and mesh_factory.global_check:
         oracle_sanity(inp, ref.out, shape, dst_p)
 
     if ref.error is not None and not is_rejection(ref.error):
         _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p)
+        _check_against_reference(mesh_factory, inp, ref, opt, shape, dst_p, optimized=True)
         return ref
     compare(ref, cand, check_counts=check_counts)
+    linear = any(p.is_partial() and p.reduce_op in ("sum", "avg") for p in src_p)
+    compare(ref, opt, check_counts=check_counts, optimized=True, linear_reductions=linear)
     return ref
 
 
@@ -660,9 +666,15 @@ def is_rejection(err: BaseException) -> bool:
 ORACLE_ARTIFACTS: list[str] = []
 
 
-def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p) -> None:
-    ORACLE_ARTIFACTS.append(f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
-                            f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}")
+def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p, optimized=False) -> None:
+    if not optimized:
+        ORACLE_ARTIFACTS.append(f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
+                                f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}")
+    if cand.error is not None and optimized:
+        raise AssertionError(
+            f"torch fails inside the simulation; the optimized plan raised {cand.describe_error()}"
+            f"\n{cand.tb}"
+        )
     if cand.error is not None:
         # the same simulation failure (redist_opt reuses torch's primitives)
         assert type(cand.error) is type(ref.error) and str(cand.error) == str(ref.error), (
@@ -703,8 +715,18 @@ def _assert_input_unchanged(inp: Input, who: str) -> None:
 ACCEPTED_ERRORS = (RuntimeError,)
 
 
-def compare(ref: Outcome, cand: Outcome, *, check_counts: bool = True) -> None:
+def compare(
+    ref: Outcome,
+    cand: Outcome,
+    *,
+    check_counts: bool = True,
+    optimized: bool = False,
+    linear_reductions: bool = False,
+) -> None:
+    """``optimized``: the candidate ran the pass pipeline (see the module docstring)."""
     import redist_opt
+
+    who = "redist_opt (optimized)" if optimized else "redist_opt"
 
     if ref.error is not None:
         assert cand.error is not None, (
@@ -748,13 +770,22 @@ def compare(ref: Outcome, cand: Outcome, *, check_counts: bool = True) -> None:
         )
         assert y.dtype == x.dtype, f"rank {r}: local dtype redist_opt {y.dtype} != torch {x.dtype}"
         if not torch.equal(y, x):
+            if optimized and linear_reductions:
+                rtol, atol = _tolerance(x.dtype)
+                if torch.allclose(y, x, rtol=rtol, atol=atol):
+                    continue
             diff = (y.to(torch.complex128 if y.is_complex() else torch.float64)
                     - x.to(torch.complex128 if x.is_complex() else torch.float64)).abs()
             raise AssertionError(
-                f"rank {r}: local values differ (max abs diff {diff.max().item():.3g}, "
+                f"rank {r}: {who}: local values differ (max abs diff {diff.max().item():.3g}, "
                 f"{int((diff != 0).sum())}/{diff.numel()} elements)"
             )
-    if check_counts:
+    if check_counts and optimized:
+        assert cand.total <= ref.total, (
+            f"collective count: {who} {cand.total} {dict(cand.counts)} > torch "
+            f"(merge disabled) {ref.total} {dict(ref.counts)}"
+        )
+    elif check_counts:
         assert cand.total == ref.total, (
             f"collective count: redist_opt {cand.total} {dict(cand.counts)} != torch "
             f"(merge disabled) {ref.total} {dict(ref.counts)}"

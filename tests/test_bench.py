@@ -74,6 +74,7 @@ def test_bench_end_to_end(profile, tmp_path):
     assert planning["cost_profile_used"] is True
     assert {k for k in planning["timings"]} == {
         "plan uncached", "optimize uncached", "plan+optimize uncached", "plan cached", "plan+optimize cached",
+        "redistribute hot path cached",
     }  # fmt: skip
     assert all(t["median_us"] > 0 for t in planning["timings"].values())
     rows = data["wall"]["rows"]

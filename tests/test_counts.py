@@ -4,9 +4,11 @@ issues, and its planner predicts that number without running anything.
 For a representative set of redistributions (every mesh kind, every placement
 kind, uneven and zero-size shapes) this checks, under CommDebugMode:
 
-* ``redist_opt.redistribute(..., groups="existing")`` issues as many collectives
-  of each kind as ``DTensor.redistribute`` with the merge pass disabled (and the
-  results are bitwise equal: ``check_case`` does the full differential check);
+* ``redist_opt.redistribute(..., passes=())`` (DTensor's own plan through our
+  IR and runtime) issues as many collectives of each kind as
+  ``DTensor.redistribute`` with the merge pass disabled, with bitwise-equal
+  results, and the optimized default issues at most as many (``check_case``
+  does the full differential check of both);
 * ``redist_opt.plan(mesh, src, dst, shape=...)`` reports that same number in
   ``num_collectives`` (and the same kinds in ``collectives()``), whether given the
   DeviceMesh, ``MeshSpec.from_device_mesh(mesh)`` or a rank-free

@@ -70,8 +70,8 @@ settings.register_profile("explore", derandomize=False, **_COMMON)
 _profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(_profile if _profile in ("ci", "explore") else "ci")
 
-N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", 400))
-N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", 2400))
+N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", 1000))
+N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", 5000))
 # LocalTensorMode needs a fake world at least as large as the mesh; the session
 # fixture (conftest.py) initialises it with harness.WORLD_SIZE ranks.
 MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
@@ -261,6 +261,10 @@ SHRUNK_PLAN = {
     # reorder-collectives moves chunk(c) between all_gather(c) and all_gather(b), so
     # merge-all-gathers no longer sees them adjacent: 2 all_gathers, torch 1 over b+c
     "chunk_between_gathers_blocks_merge": _req((2, 2, 2), ["b+c"], "R,S(1),S(1)", "S(0),R,S(0)", (8, 8)),
+    # the same for reductions: all_reduce(c), chunk(c), all_reduce(b): 4 collectives,
+    # torch 3 (all_gather(d), all_reduce(b+c), reduce_scatter(a))
+    "chunk_between_reductions_blocks_merge": _req(
+        (2, 2, 2, 2), ["b+c"], "P,P,P,S(1)", "S(0),R,S(0),R", (8, 4)),
     # merged uneven reduce_scatter pads 1 element to 6: 24 B; torch's two: 8 + 12 B
     "merged_uneven_reduce_scatter_pads_more": _req((2, 3), ["a+b"], "P,P", "S(0),S(0)", (1,)),
     # all_reduce(a) moved before all_to_all(b), which would have shrunk the local

@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -411,6 +412,34 @@ def test_hsdp_reduce_scatter_before_all_reduce(shape):
 
 
 # ----------------------------------------------------------------------------
+# Found while testing: two equal meshes with different flattened groups
+# ----------------------------------------------------------------------------
+
+
+def test_equal_meshes_with_different_flattened_groups():
+    """Two root meshes that compare equal as DeviceMesh (same shape, names and
+    ranks) but have different flattened groups each get plans for their own
+    groups: P,P,P -> R,R,R is AR(a+c) + AR(b) on the first and AR(a+b) + AR(c)
+    on the second, 2 collectives each, without falling back."""
+    src, dst = P("P,P,P"), P("R,R,R")
+    with LocalTensorMode(8) as lm:
+        m1 = fresh_mesh((2, 2, 2), "abc", [("a", "c")])
+        m2 = fresh_mesh((2, 2, 2), "abc", [("a", "b")])
+        assert m1 == m2 and m1 is not m2
+        runs = []
+        for mesh in (m1, m2):
+            dt, coords = int_input(mesh, lm, src, (4, 3), F64, seed=7)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ours = run_ours(dt, dst, groups="existing")
+            runs.append((ours, run_oracle(dt, dst), [str(w.message) for w in caught]))
+    for name, (ours, oracle, caught) in zip(("a+c flattened", "a+b flattened"), runs):
+        assert ours.error is None and oracle.error is None
+        assert_same_locals(ours.out, oracle.out, exact=True)
+        assert ours.total == 2, f"{name}: {ours.total} collectives {ours.kinds}; warnings: {caught}"
+
+
+# ----------------------------------------------------------------------------
 # The torch-2.13 model (oracle_torch_merge.torch_model) against torch itself
 # ----------------------------------------------------------------------------
 
@@ -436,6 +465,11 @@ MODEL_CASES = [
     ((3, 2), "ab", [("a", "b")], "P(min),P(min)", "R,R", (5, 2)),
     ((2, 3), "ab", [("a", "b")], "S(1),S(1)", "R,R", (2, 7)),
     ((2, 2), "ab", [], "P,P", "R,R", (4, 4)),
+    # cases the property tests found redist_opt worse on (test_properties.SHRUNK_PLAN)
+    ((2, 2, 2), "abc", [("b", "c")], "R,S(1),S(1)", "S(0),R,S(0)", (8, 8)),
+    ((2, 2, 2, 2), "abcd", [("b", "c")], "P,P,P,S(1)", "S(0),R,S(0),R", (8, 4)),
+    ((2, 3), "ab", [("a", "b")], "P,P", "S(0),S(0)", (1, 2)),
+    ((2, 2), "ab", [], "P,S(0)", "R,S(1)", (3, 8)),
 ]
 
 
