@@ -81,18 +81,29 @@ def optimize(
     return run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
 
 
-_spec_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# id(mesh) -> (weakref to the mesh, stamp, spec). Keyed by identity, not by
+# DeviceMesh equality: two equal meshes can have different roots and so
+# different flattened groups.
+_spec_cache: dict[int, tuple] = {}
+
+
+def _forget_spec(key: int, dead_ref) -> None:
+    # Only if the entry is still the dead mesh's: its id may belong to a new mesh now.
+    if _spec_cache.get(key, (None,))[0] is dead_ref:
+        del _spec_cache[key]
 
 
 def spec_of(device_mesh) -> MeshSpec:
     """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened mesh."""
     root = device_mesh._get_root_mesh()
-    stamp = (len(root._flatten_mapping), dist.is_initialized())
-    hit = _spec_cache.get(device_mesh)
-    if hit is None or hit[0] != stamp:
-        hit = (stamp, MeshSpec.from_device_mesh(device_mesh))
-        _spec_cache[device_mesh] = hit
-    return hit[1]
+    stamp = (id(root), len(root._flatten_mapping), dist.is_initialized())
+    hit = _spec_cache.get(id(device_mesh))
+    if hit is None or hit[0]() is not device_mesh or hit[1] != stamp:
+        key = id(device_mesh)
+        ref = weakref.ref(device_mesh, lambda r, key=key: _forget_spec(key, r))
+        hit = (ref, stamp, MeshSpec.from_device_mesh(device_mesh))
+        _spec_cache[key] = hit
+    return hit[2]
 
 
 def _as_spec(mesh) -> MeshSpec:

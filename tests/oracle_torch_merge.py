@@ -46,24 +46,25 @@ import math
 from collections.abc import Iterable, Sequence
 
 import torch
-from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
-from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.placement_types import Partial, Placement, Shard
-
-import redist_opt
 from harness import (
     collective_kind,
     global_reference,
-    is_rejection,
     local_slice,
     local_tensors,
     normalize,
     pstr,
     rank_coordinates,
 )
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor._redistribute import (
+    disable_redistribute_transform_optimization,
+)
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.placement_types import Partial, Placement, Shard
+
+import redist_opt
 from redist_opt import ir
 from redist_opt import symbolic as sym
 from redist_opt.lower import lower_steps
@@ -72,10 +73,10 @@ from redist_opt.plan import Plan
 
 __all__ = [
     "TorchModel",
-    "torch_model",
-    "torch_merged_steps",
-    "torch_flattened_layouts",
     "signature",
+    "torch_flattened_layouts",
+    "torch_merged_steps",
+    "torch_model",
 ]
 
 _MERGEABLE = ("all_gather", "all_reduce", "reduce_scatter")
@@ -256,7 +257,9 @@ def torch_model(plan: Plan, flattened=None) -> TorchModel:
     """The torch 2.13 plan for ``plan``'s redistribution given ``flattened``
     (dim groups like ``("a", "c")``, or layouts; default: ``plan.mesh``'s own
     flattened groups, which for a rank-free ``MeshSpec`` are exactly the ones
-    it was given)."""
+    it was given; a MeshSpec read off a DeviceMesh also lists the world group
+    and the root's dims, which torch's merge pass does not use: pass
+    ``torch_flattened_layouts(device_mesh)`` for those)."""
     assert not plan.fallback, "fallback plans are not modelled"
     mesh = plan.mesh
     layouts = _layouts_of(mesh, flattened)
@@ -313,7 +316,8 @@ def int_input(mesh, lm: LocalTensorMode, src: Sequence[Placement], shape, dtype,
     if all(type(p) in (Replicate, Shard) for p in base):
         # default-order nested torch.chunk sharding (the harness's local_slice,
         # itself checked against torch by the harness's oracle-sanity tests)
-        base_locals = {r: g[local_slice(shape, base, mesh_shape, coords[r])].clone() for r in lm.ranks}
+        with lm.disable():
+            base_locals = {r: g[local_slice(shape, base, mesh_shape, coords[r])].clone() for r in lm.ranks}
     else:  # e.g. _StridedShard: let torch lay it out
         d0 = distribute_tensor(lm.rank_map(lambda r: g.clone()), mesh, base, src_data_rank=None)
         base_locals = d0._local_tensor._local_tensors
@@ -380,9 +384,10 @@ def run_ours(dt: DTensor, dst, **kwargs) -> Run:
 
 
 def _tol(dtype) -> dict:
-    return {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-6, atol=1e-6)}.get(
-        dtype, dict(rtol=1e-2, atol=1e-2)
-    )
+    return {
+        torch.float64: {"rtol": 1e-12, "atol": 1e-12},
+        torch.float32: {"rtol": 1e-6, "atol": 1e-6},
+    }.get(dtype, {"rtol": 1e-2, "atol": 1e-2})
 
 
 def assert_same_locals(got: DTensor, want: DTensor, *, exact: bool, who: str = "redist_opt") -> None:
@@ -401,7 +406,7 @@ def assert_same_locals(got: DTensor, want: DTensor, *, exact: bool, who: str = "
         if exact:
             assert torch.equal(a, b), f"rank {r}: {who} local\n{a}\n!= expected\n{b}"
         else:
-            torch.testing.assert_close(a, b, **_tol(a.dtype), msg=lambda m: f"rank {r}: {who}: {m}")
+            torch.testing.assert_close(a, b, **_tol(a.dtype), msg=lambda m, r=r: f"rank {r}: {who}: {m}")
 
 
 def assert_replicas_equal(out: DTensor, coords: dict, mesh_shape) -> None:
@@ -412,7 +417,7 @@ def assert_replicas_equal(out: DTensor, coords: dict, mesh_shape) -> None:
     groups: dict[tuple, list[int]] = {}
     for r, c in coords.items():
         groups.setdefault(tuple(c[d] for d in keep), []).append(r)
-    for key, ranks in groups.items():
+    for ranks in groups.values():
         first = locs[ranks[0]]
         for r in ranks[1:]:
             assert locs[r].shape == first.shape and torch.equal(locs[r], first), (

@@ -110,6 +110,7 @@ def test_input_slicing_matches_distribute_tensor(mesh_name, placements, shape):
 
 def _torch(dt, placements, **kw):
     kw.pop("groups", None)
+    kw.pop("passes", None)
     mesh = kw.pop("device_mesh", None) or dt.device_mesh
     with disable_redistribute_transform_optimization():
         return dt.redistribute(mesh, list(placements), **kw)

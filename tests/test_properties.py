@@ -18,14 +18,18 @@
    merge pass (``oracle_torch_merge.torch_model``) given the same flattened
    groups; under ``groups="existing"`` it needs only groups that exist.
 
-Example counts are fixed per test (``N_EXEC``, ``N_PLAN``; at least 2,000 in
-total); the ``ci`` hypothesis profile (conftest.py) makes them deterministic.
-The number of examples each test ran is written to the terminal at the end of
-the module ("hypothesis examples run: ...").
+Example counts are fixed per test (``N_EXEC``, ``N_PLAN``; 6,000 in total, at
+least 2,000 required; the environment variables REDIST_OPT_N_EXEC and
+REDIST_OPT_N_PLAN override them); the ``ci`` hypothesis profile registered
+below makes them deterministic. The number of examples each property ran is
+written to the terminal at the end of the module ("hypothesis examples run:
+..."). Minimal failing cases the properties found are kept as regression tests
+(``SHRUNK_PLAN``, ``SHRUNK_EXEC``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -33,45 +37,46 @@ import time
 import warnings
 from collections import Counter
 
+import harness
 import pytest
 import torch
 import torch.distributed as dist
+from harness import is_rejection, pstr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.tensor import Partial, Replicate, Shard
-
-import harness
-import redist_opt
-import redist_opt.api
 from oracle_torch_merge import (
     MeshPool,
     assert_matches_reference,
     assert_replicas_equal,
     assert_same_locals,
     int_input,
-    is_rejection,
-    pstr,
     run_oracle,
     run_ours,
     signature,
     torch_model,
 )
+from torch.distributed._local_tensor import LocalTensorMode
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+import redist_opt
+import redist_opt.api
 
 # Hypothesis profiles. "ci" (the default here, and what .ci/run asks for with
 # HYPOTHESIS_PROFILE=ci): deterministic (derandomize), no deadline (a mesh built
 # on first use takes longer than hypothesis' default 200 ms), no example
 # database, failing examples printed as reproducible blobs. "explore": the same
 # with random generation, to look for new failures (HYPOTHESIS_PROFILE=explore).
-_COMMON = dict(deadline=None, print_blob=True, database=None,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_COMMON = {
+    "deadline": None, "print_blob": True, "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
 settings.register_profile("ci", derandomize=True, **_COMMON)
 settings.register_profile("explore", derandomize=False, **_COMMON)
 _profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(_profile if _profile in ("ci", "explore") else "ci")
 
-N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", 1000))
-N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", 5000))
+N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", "1000"))
+N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", "5000"))
 # LocalTensorMode needs a fake world at least as large as the mesh; the session
 # fixture (conftest.py) initialises it with harness.WORLD_SIZE ranks.
 MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
@@ -79,8 +84,19 @@ MAX_PLAN_RANKS = 5**4
 OPS = ("sum", "avg", "max", "min")
 SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])  # uneven and zero-size included
 
-RAN: Counter = Counter()
+RAN: Counter = Counter()  # examples each property ran (shrinking replays included)
 SECONDS: Counter = Counter()
+REFERENCE_CHECKED: list[str] = []  # torch failed inside the simulation: checked vs the reference
+
+
+@contextlib.contextmanager
+def _counted(name: str):
+    RAN[name] += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        SECONDS[name] += time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------
@@ -130,8 +146,8 @@ def requests(draw, max_ranks: int, planning: bool):
         keep_p = s.is_partial() or (planning and s.is_replicate())
         dst.append(_shard_or(draw, "RSP" if keep_p else "RS", tnd, op))
     policy = ("existing", "create")[draw(ints(0, 1))]
-    return dict(sizes=sizes, flattened=flattened, src=src, dst=tuple(dst), shape=shape,
-                policy=policy, op=op)
+    return {"sizes": sizes, "flattened": flattened, "src": src, "dst": tuple(dst),
+            "shape": shape, "policy": policy, "op": op}
 
 
 def _describe(req) -> str:
@@ -162,23 +178,25 @@ def _clear_spec_cache() -> None:
        dtype=st.sampled_from([torch.float64, torch.float32]),
        seed=st.integers(0, 2**16))
 def test_outputs_equal_oracle(req, dtype, seed):
-    t0 = time.perf_counter()
-    RAN["test_outputs_equal_oracle"] += 1
+    with _counted("test_outputs_equal_oracle"):
+        check_execution(req, dtype, seed)
+
+
+def check_execution(req, dtype, seed) -> None:
     sizes, src, dst, shape, policy = req["sizes"], req["src"], req["dst"], req["shape"], req["policy"]
     n = math.prod(sizes)
     assert dist.get_world_size() >= n
-    with LocalTensorMode(n) as lm:
-        with POOL.use(sizes, req["flattened"], lm) as mesh:
-            _clear_spec_cache()
-            dt, coords = int_input(mesh, lm, src, shape, dtype, seed, POOL.coords[sizes])
-            opt = redist_opt.optimize(
-                redist_opt.plan(mesh, list(src), list(dst), shape=shape, dtype=dtype), groups=policy
-            )
-            oracle = run_oracle(dt, dst)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ours = run_ours(dt, dst, groups=policy)
-            _clear_spec_cache()
+    with LocalTensorMode(n) as lm, POOL.use(sizes, req["flattened"], lm) as mesh:
+        _clear_spec_cache()
+        dt, coords = int_input(mesh, lm, src, shape, dtype, seed, POOL.coords[sizes])
+        opt = redist_opt.optimize(
+            redist_opt.plan(mesh, list(src), list(dst), shape=shape, dtype=dtype), groups=policy
+        )
+        oracle = run_oracle(dt, dst)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = run_ours(dt, dst, groups=policy)
+        _clear_spec_cache()
     what = _describe(req) + f" {dtype}"
     if oracle.error is not None:
         if is_rejection(oracle.error):
@@ -189,7 +207,7 @@ def test_outputs_equal_oracle(req, dtype, seed):
         assert ours.error is None, f"{what}: redist_opt raised {ours.describe_error()}"
         exact = not any(p.is_partial() and p.reduce_op == "avg" for p in src)
         assert_matches_reference(ours.out, dt, coords, shape, src, exact)
-        RAN["test_outputs_equal_oracle (vs reference)"] += 1
+        REFERENCE_CHECKED.append(what)
     else:
         assert ours.error is None, (
             f"{what}: redist_opt raised {ours.describe_error()}; plan {signature(opt)}"
@@ -212,7 +230,6 @@ def test_outputs_equal_oracle(req, dtype, seed):
         assert ours.total <= oracle.total, (
             f"{what}: redist_opt issued {ours.total} {ours.kinds} > torch (merge off) {oracle.total}"
         )
-    SECONDS["test_outputs_equal_oracle"] += time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------
@@ -224,8 +241,11 @@ def test_outputs_equal_oracle(req, dtype, seed):
 @given(req=requests(MAX_PLAN_RANKS, planning=True),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
 def test_plan_never_worse_than_torch(req, dtype):
-    t0 = time.perf_counter()
-    RAN["test_plan_never_worse_than_torch"] += 1
+    with _counted("test_plan_never_worse_than_torch"):
+        check_plan(req, dtype)
+
+
+def check_plan(req, dtype) -> None:
     names = MeshPool.names(len(req["sizes"]))
     spec = redist_opt.MeshSpec(req["sizes"], names, flattened=list(req["flattened"]))
     p = redist_opt.plan(spec, list(req["src"]), list(req["dst"]), shape=req["shape"], dtype=dtype)
@@ -240,7 +260,6 @@ def test_plan_never_worse_than_torch(req, dtype):
     if req["policy"] == "existing":
         missing = [g for g in ours.groups_needed() if not spec.group_exists(g)]
         assert not missing, f"groups='existing' plan needs groups that do not exist {missing}: {what}"
-    SECONDS["test_plan_never_worse_than_torch"] += time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------
@@ -251,10 +270,11 @@ def test_plan_never_worse_than_torch(req, dtype):
 def _req(sizes, flattened, src, dst, shape, policy="existing"):
     names = MeshPool.names(len(sizes))
     parse = redist_opt.parse_placements
-    return dict(
-        sizes=tuple(sizes), flattened=tuple(tuple(names.index(x) for x in g.split("+")) for g in flattened),
-        src=parse(src), dst=parse(dst), shape=tuple(shape), policy=policy, op="sum",
-    )
+    return {
+        "sizes": tuple(sizes),
+        "flattened": tuple(tuple(names.index(x) for x in g.split("+")) for g in flattened),
+        "src": parse(src), "dst": parse(dst), "shape": tuple(shape), "policy": policy, "op": "sum",
+    }
 
 
 SHRUNK_PLAN = {
@@ -277,7 +297,7 @@ SHRUNK_PLAN = {
 
 @pytest.mark.parametrize("name", list(SHRUNK_PLAN))
 def test_shrunk_plan_cases(name):
-    test_plan_never_worse_than_torch.hypothesis.inner_test(SHRUNK_PLAN[name], torch.float32)
+    check_plan(SHRUNK_PLAN[name], torch.float32)
 
 
 SHRUNK_EXEC = {
@@ -289,7 +309,7 @@ SHRUNK_EXEC = {
 
 @pytest.mark.parametrize("name", list(SHRUNK_EXEC))
 def test_shrunk_exec_cases(name):
-    test_outputs_equal_oracle.hypothesis.inner_test(SHRUNK_EXEC[name], torch.float64, 0)
+    check_execution(SHRUNK_EXEC[name], torch.float64, 0)
 
 
 # ----------------------------------------------------------------------------
@@ -297,16 +317,26 @@ def test_shrunk_exec_cases(name):
 # ----------------------------------------------------------------------------
 
 
+class _CountsReport:
+    """A plugin registered at run time: prints the example counts in the
+    terminal summary (a test module cannot define pytest_terminal_summary)."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not RAN:
+            return
+        tr = terminalreporter
+        tr.section("hypothesis examples run")
+        for k, v in sorted(RAN.items()):
+            tr.write_line(f"{k}: {v} examples ({SECONDS[k]:.1f}s in the test bodies)")
+        tr.write_line(f"total: {sum(RAN.values())} examples")
+        if REFERENCE_CHECKED:
+            tr.write_line(f"{len(REFERENCE_CHECKED)} checked against the independent reference "
+                          "(torch failed inside the LocalTensorMode simulation)")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _report_counts(request):
+    pm = request.config.pluginmanager
+    if not pm.has_plugin("redist_opt_hypothesis_counts"):
+        pm.register(_CountsReport(), "redist_opt_hypothesis_counts")
     yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    lines = [f"{k}: {v} examples ({SECONDS[k]:.1f}s in the test bodies)" if k in SECONDS
-             else f"{k}: {v} examples" for k, v in sorted(RAN.items())]
-    lines.append(f"total: {sum(v for k, v in RAN.items() if '(' not in k)} examples")
-    text = "hypothesis examples run: " + "; ".join(lines)
-    if tr is not None:
-        tr.write_line("")
-        tr.write_line(text)
-    else:
-        print(text)
