@@ -24,6 +24,7 @@ class Block:
     choice: GroupChoice | None
     why: str
     time: float
+    nbytes: int
 
 
 def runs(regs: Sequence[S.Region], kind: str, chain_ok: Callable[[ir.StepInfo, ir.StepInfo], bool]):
@@ -92,8 +93,9 @@ def choose(
         if members not in cache:
             dims = block_dims(members)
             choice, why = ctx.choose_group(dims, any_order=any_order)
-            t = ctx.collective_time(kind, choice, block_bytes(members)) if choice else float("inf")
-            cache[members] = Block(members, choice.group.dims if choice else dims, choice, why, t)
+            nbytes = block_bytes(members)
+            t = ctx.collective_time(kind, choice, nbytes) if choice else float("inf")
+            cache[members] = Block(members, choice.group.dims if choice else dims, choice, why, t, nbytes)
         return cache[members]
 
     options = []
@@ -101,6 +103,11 @@ def choose(
         blocks = [block(tuple(m)) for m in part]
         if all(b.choice is not None for b in blocks):
             options.append((sum(b.time for b in blocks), len(blocks), blocks))
+    # Never trade bytes for launches: padding a merged uneven scatter can move more
+    # than the separate collectives did (e.g. 1 row over 6 ranks).
+    unmerged = max(options, key=lambda o: o[1])
+    budget = sum(b.nbytes for b in unmerged[2])
+    options = [o for o in options if sum(b.nbytes for b in o[2]) <= budget] or [unmerged]
     if ctx.prefer == "consistency":
         return min(options, key=lambda o: (o[1], o[0]))[2], cache
     # Fewest collectives among the options within MARGIN of the fastest: a model
@@ -136,7 +143,8 @@ class MergeRunPass(RedistPass):
         return tuple(d for m in members for d in run[m].step.mesh_dims)
 
     def block_bytes(self, run: list[S.Region], members: tuple[int, ...]) -> int:
-        return self.ctx.bytes_of(run[members[0]].nodes[0].args[0].meta["shape"])
+        """Bytes each rank feeds the block's collective (padding included)."""
+        return self.ctx.bytes_of(run[members[0]].collective.args[0].meta["shape"])
 
     def merged(self, run, members, dims, state: S.ShardState) -> ir.StepInfo:
         return S.merged_step([run[m].step for m in members], dims, run[members[0]].step.index)

@@ -32,6 +32,8 @@ need a local chunk permutation).
 
 from __future__ import annotations
 
+import math
+
 
 from torch.distributed.tensor.placement_types import Shard
 from torch.fx.passes.infra.pass_base import PassResult
@@ -39,6 +41,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from passes.context import RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
+from redist_opt import symbolic as sym
 
 
 class MergeAllToAlls(RedistPass):
@@ -86,16 +89,26 @@ class MergeAllToAlls(RedistPass):
         if choice is None:
             self.note(False, label, why)
             return None
-        nbytes_gather = self.ctx.bytes_of(regs[i].nodes[0].args[0].meta["shape"])
-        nbytes_a2a = self.ctx.bytes_of(regs[i + 1].nodes[0].args[0].meta["shape"])
+        step = ir.StepInfo(a2a.index, dims, Shard(src_dim), Shard(dst_dim), ())
+        step = S.with_state_logical_shape(step, states[i], self.ctx.shape, mesh)
+        # Bytes each rank feeds in: separately, the (padded) inputs of the gather and
+        # the all_to_all; merged, both dims padded to the largest nested piece.
+        sep_gather = self.ctx.bytes_of(regs[i].collective.args[0].meta["shape"])
+        sep_a2a = self.ctx.bytes_of(regs[i + 1].collective.args[0].meta["shape"])
+        counts = tuple(mesh.sizes[d] for d in dims)
+        merged_shape = list(regs[i].nodes[0].args[0].meta["shape"])
+        merged_shape[src_dim] = sym.nested_max_chunk(step.logical_shape[src_dim], counts)
+        merged_shape[dst_dim] = sym.nested_max_chunk(step.logical_shape[dst_dim], counts) * math.prod(counts)
+        merged_bytes = self.ctx.bytes_of(merged_shape)
+        if merged_bytes > sep_gather + sep_a2a:
+            self.note(False, label, f"padding: one all_to_all moves {merged_bytes} B vs {sep_gather + sep_a2a} B")
+            return None
         separate = self.ctx.collective_time(
-            "all_gather", self.ctx.choose_group(d2)[0], nbytes_gather
-        ) + self.ctx.collective_time("all_to_all", self.ctx.choose_group(d1)[0], nbytes_a2a)
-        merged_time = self.ctx.collective_time("all_to_all", choice, nbytes_gather)
+            "all_gather", self.ctx.choose_group(d2)[0], sep_gather
+        ) + self.ctx.collective_time("all_to_all", self.ctx.choose_group(d1)[0], sep_a2a)
+        merged_time = self.ctx.collective_time("all_to_all", choice, merged_bytes)
         if merged_time > separate and self.ctx.prefer != "consistency":
             self.note(False, label, f"cost: one all_to_all {merged_time * 1e6:.1f}us vs {separate * 1e6:.1f}us")
             return None
-        step = ir.StepInfo(a2a.index, dims, Shard(src_dim), Shard(dst_dim), ())
-        step = S.with_state_logical_shape(step, states[i], self.ctx.shape, mesh)
         self.note(True, f"{label} -> {S.step_label(step, mesh)}", why)
         return step

@@ -28,9 +28,22 @@ from the shard order.
 
 from __future__ import annotations
 
+import math
+
 from passes import _merge
+from redist_opt import symbolic as sym
 
 
 class MergeReduceScatters(_merge.MergeRunPass):
     name = "merge-reduce-scatters"
     kind = "reduce_scatter"
+
+    def block_bytes(self, run, members):
+        if len(members) == 1:
+            return super().block_bytes(run, members)
+        # The merged scatter's input: every nested piece padded to the largest.
+        shape = list(run[members[0]].nodes[0].args[0].meta["shape"])
+        dim = run[members[0]].step.dst.dim
+        counts = tuple(self.ctx.mesh.sizes[d] for d in self.block_dims(run, members))
+        shape[dim] = sym.nested_max_chunk(shape[dim], counts) * math.prod(counts)
+        return self.ctx.bytes_of(shape)

@@ -18,11 +18,15 @@ order changes:
 3. their reductions use the same op, or both linear ops (sum, avg);
 4. neither is a Replicate -> Partial step.
 
-The new order is the lexicographically smallest topological order of the
-"must stay before" DAG (networkx), keyed by kind: local chunking, then
-reduce_scatters, all_reduces, all_to_alls, all_gathers. Data shrinks before it
-moves and grows only at the end; same-kind steps become adjacent. Ties keep the
-original order, so the result is deterministic and identical on every rank.
+Candidate orders are topological orders of the "must stay before" DAG
+(networkx): the lexicographically smallest one keyed by kind (local chunking,
+then reduce_scatters, all_reduces, all_to_alls, all_gathers: data shrinks
+before it moves and grows only at the end) and the same keyed by merge group
+first (so steps that can merge are not separated by a local step). Each
+candidate, and the original order, is run through the merge passes; the one
+with the least modelled time wins, among those that issue no more collectives
+and move no more bytes than the original order does after merging. Ties keep
+the original order, so the result is deterministic and identical on every rank.
 
 Not done: reordering that changes floating-point summation order is accepted
 (results equal the reference up to rounding); no reordering across steps that
@@ -35,6 +39,7 @@ import networkx as nx
 from torch.fx.passes.infra.pass_base import PassResult
 
 from passes.context import RedistPass
+from redist_opt import ir
 from redist_opt import steps as S
 
 _PRIORITY = {
@@ -60,17 +65,59 @@ class ReorderCollectives(RedistPass):
             for j in range(i + 1, len(regs)):
                 if S.commute(regs[i].step, regs[j].step) is not None:
                     dag.add_edge(i, j)
-        order = list(
-            nx.lexicographical_topological_sort(
-                dag, key=lambda i: (_PRIORITY[regs[i].step.kind], i)
-            )
-        )
-        if order == list(range(len(regs))):
+        first_of_key: dict = {}
+        for i, r in enumerate(regs):
+            first_of_key.setdefault(S.merge_key(r.step) or ("local", i), i)
+        keys = [
+            lambda i: (_PRIORITY[regs[i].step.kind], i),
+            lambda i: (_PRIORITY[regs[i].step.kind], first_of_key[S.merge_key(regs[i].step) or ("local", i)], i),
+        ]
+        identity = list(range(len(regs)))
+        candidates = [identity]
+        for key in keys:
+            order = list(nx.lexicographical_topological_sort(dag, key=key))
+            if order not in candidates:
+                candidates.append(order)
+        if len(candidates) == 1:
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
+        scored = [(self._score(graph_module, regs, order), order) for order in candidates]
+        base = scored[0][0]
+        eligible = [(sc, o) for sc, o in scored if sc[1] <= base[1] and sc[2] <= base[2]]
+        best_score, best = min(eligible, key=lambda so: (so[0][0], so[0][1], so[0][2]))
+        if best == identity or best_score[0] >= base[0]:
+            return PassResult(graph_module, False)
         before = ", ".join(S.step_label(r.step, mesh) for r in regs)
-        after = ", ".join(S.step_label(regs[i].step, mesh) for i in order)
-        self.note(True, f"{before} -> {after}", "the moved steps commute (disjoint mesh and tensor dims, compatible reductions)")
+        after = ", ".join(S.step_label(regs[i].step, mesh) for i in best)
+        self.note(
+            True,
+            f"{before} -> {after}",
+            "the moved steps commute (disjoint mesh and tensor dims, compatible reductions); "
+            f"after merging: {best_score[1]} collectives, {best_score[2]} B, "
+            f"{best_score[0] * 1e6:.1f} us modelled vs {base[1]}, {base[2]} B, {base[0] * 1e6:.1f} us",
+        )
+        return PassResult(self._relower(graph_module, regs, best), True)
+
+    def _relower(self, graph_module, regs, order):
         new_steps = [regs[i].step for i in order]
         provenance = [regs[i].inherited for i in order]
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+        return S.relower(graph_module, self.ctx.mesh, new_steps, provenance)
+
+    def _score(self, graph_module, regs, order) -> tuple[float, int, int]:
+        """(modelled time, collectives, bytes) of ``order`` after the merge passes."""
+        import dataclasses
+
+        from passes import DEFAULT_PIPELINE
+
+        gm = graph_module if order == list(range(len(regs))) else self._relower(graph_module, regs, order)
+        scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
+        for cls in DEFAULT_PIPELINE:
+            if cls is not type(self):
+                gm = cls(scratch)(gm).graph_module
+        time = nbytes = count = 0
+        for node in ir.collective_nodes(gm):
+            b = self.ctx.bytes_of(node.args[0].meta["shape"])
+            time += self.ctx.cost.collective_time(ir.ir_name(node), node.args[1], b, self.ctx.mesh)
+            nbytes += b
+            count += 1
+        return (time, count, nbytes)
