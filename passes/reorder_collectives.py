@@ -93,8 +93,8 @@ class ReorderCollectives(RedistPass):
             True,
             f"{before} -> {after}",
             "the moved steps commute (disjoint mesh and tensor dims, compatible reductions); "
-            f"after merging: {best_score[1]} collectives, {best_score[2]} B, "
-            f"{best_score[0] * 1e6:.1f} us modelled vs {base[1]}, {base[2]} B, {base[0] * 1e6:.1f} us",
+            f"after merging: {best_score[1]} collectives, {best_score[2]} B per rank "
+            f"(in order: {base[1]}, {base[2]} B), less modelled time",
         )
         return PassResult(self._relower(graph_module, regs, best), True)
 

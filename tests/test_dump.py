@@ -95,7 +95,7 @@ optimized plan: 2 collectives; passes that changed it: reorder-collectives, merg
 naive/optimized: 1.50x collectives, 1.67x bytes per rank
 
 notes (+ made, - not made):
-  + [reorder-collectives] all_reduce(a), reduce_scatter(b), all_reduce(c) -> reduce_scatter(b), all_reduce(a), all_reduce(c): the moved steps commute (disjoint mesh and tensor dims, compatible reductions)
+  + [reorder-collectives] all_reduce(a), reduce_scatter(b), all_reduce(c) -> reduce_scatter(b), all_reduce(a), all_reduce(c): the moved steps commute (disjoint mesh and tensor dims, compatible reductions); after merging: 2 collectives, 192 B per rank (in order: 3, 320 B), less modelled time
   + [merge-reductions] all_reduce(a) + all_reduce(c) -> all_reduce(a+c): a process group with layout (2,2):(4,1) exists
 
 IR (naive):
@@ -431,7 +431,7 @@ optimized plan: 2 collectives; passes that changed it: reorder-collectives
 naive/optimized: 1.00x collectives, 1.60x bytes per rank
 
 notes (+ made, - not made):
-  + [reorder-collectives] all_reduce(dp), reduce_scatter(tp) -> reduce_scatter(tp), all_reduce(dp): the moved steps commute (disjoint mesh and tensor dims, compatible reductions)
+  + [reorder-collectives] all_reduce(dp), reduce_scatter(tp) -> reduce_scatter(tp), all_reduce(dp): the moved steps commute (disjoint mesh and tensor dims, compatible reductions); after merging: 2 collectives, 120 B per rank (in order: 2, 192 B), less modelled time
 
 IR (naive):
   %x : (6, 8)
