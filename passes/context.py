@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -39,7 +40,7 @@ class PassContext:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return _itemsize(self.dtype)
 
     def bytes_of(self, shape) -> int:
         return ir.max_numel(shape, self.mesh.sizes) * self.itemsize
@@ -85,6 +86,11 @@ class PassContext:
 
     def collective_time(self, kind: str, choice: GroupChoice, nbytes: int) -> float:
         return self.cost.collective_time(kind, choice.group, nbytes, self.mesh) + choice.extra_cost
+
+
+@functools.cache
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _fmt(group: MeshGroup) -> str:

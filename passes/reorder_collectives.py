@@ -81,6 +81,7 @@ class ReorderCollectives(RedistPass):
         if len(candidates) == 1:
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
+        self._relowered: dict[tuple[int, ...], object] = {}
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]
         eligible = [(sc, o) for sc, o in scored if sc[1] <= base[1] and sc[2] <= base[2]]
@@ -99,9 +100,12 @@ class ReorderCollectives(RedistPass):
         return PassResult(self._relower(graph_module, regs, best), True)
 
     def _relower(self, graph_module, regs, order):
-        new_steps = [regs[i].step for i in order]
-        provenance = [regs[i].inherited for i in order]
-        return S.relower(graph_module, self.ctx.mesh, new_steps, provenance)
+        key = tuple(order)
+        if key not in self._relowered:  # scoring already lowered it: reuse
+            new_steps = [regs[i].step for i in order]
+            provenance = [regs[i].inherited for i in order]
+            self._relowered[key] = S.relower(graph_module, self.ctx.mesh, new_steps, provenance)
+        return self._relowered[key]
 
     def _score(self, graph_module, regs, order) -> tuple[float, int, int]:
         """(modelled time, collectives, bytes) of ``order`` after the merge passes."""
