@@ -49,6 +49,8 @@ class MergeAllToAlls(RedistPass):
 
     def call(self, graph_module):
         regs = S.regions(graph_module)
+        if not any(r.step.kind == "all_to_all" for r in regs):
+            return PassResult(graph_module, False)
         mesh = self.ctx.mesh
         states = S.states_before(regs, self.ctx.src, mesh)
         new_steps, provenance, changed = [], [], False

@@ -82,6 +82,12 @@ class ReorderCollectives(RedistPass):
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
         self._relowered: dict[tuple[int, ...], object] = {}
+        # Merges need two steps with one merge key, or an all_to_all (its merge
+        # spans a gather and a chunk): otherwise scoring can skip the merge passes.
+        keys_seen = [S.merge_key(r.step) for r in regs if S.merge_key(r.step) is not None]
+        self._merges_possible = len(set(keys_seen)) < len(keys_seen) or any(
+            r.step.kind == "all_to_all" for r in regs
+        )
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]
         eligible = [(sc, o) for sc, o in scored if sc[1] <= base[1] and sc[2] <= base[2]]
@@ -114,10 +120,11 @@ class ReorderCollectives(RedistPass):
         from passes import DEFAULT_PIPELINE
 
         gm = graph_module if order == list(range(len(regs))) else self._relower(graph_module, regs, order)
-        scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
-        for cls in DEFAULT_PIPELINE:
-            if cls is not type(self):
-                gm = cls(scratch)(gm).graph_module
+        if self._merges_possible:
+            scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
+            for cls in DEFAULT_PIPELINE:
+                if cls is not type(self):
+                    gm = cls(scratch)(gm).graph_module
         time = nbytes = count = 0
         for node in ir.collective_nodes(gm):
             b = self.ctx.bytes_of(node.args[0].meta["shape"])

@@ -31,6 +31,7 @@ passes apply; it is executed by ``redist_opt.runtime``, never by fx codegen.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import sympy
@@ -163,7 +164,8 @@ class StepInfo:
     # Sizes, per tensor dim, before the step's mesh dims shard it (expressions).
     logical_shape: tuple
 
-    @property
+    # Derived facts are cached: every pass asks them many times per plan.
+    @functools.cached_property
     def kind(self) -> str:
         """all_reduce | reduce_scatter | all_gather | all_to_all | chunk | partition."""
         s, d = self.src, self.dst
@@ -173,7 +175,7 @@ class StepInfo:
             return "all_gather" if d.is_replicate() else "all_to_all"
         return "chunk" if d.is_shard() else "partition"
 
-    @property
+    @functools.cached_property
     def tensor_dims(self) -> frozenset[int]:
         """Tensor dims whose layout the step changes (reductions change none)."""
         dims = set()
@@ -182,7 +184,7 @@ class StepInfo:
                 dims.add(p.dim)
         return frozenset(dims)
 
-    @property
+    @functools.cached_property
     def reduce_op(self) -> str | None:
         for p in (self.src, self.dst):
             if p.is_partial():
