@@ -48,6 +48,8 @@ def spec_with_dtype(spec: DTensorSpec, dtensor, dtype: torch.dtype) -> DTensorSp
 def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None:
     """Why torch would plan this with its graph-based planner (which we do not lower)."""
     for spec, role in ((current, "source"), (target, "target")):
+        if spec.shard_order is None:
+            return f"{role} placements {spec.placements} use _StridedShard"
         if not DTensorSpec.is_default_device_order(spec.shard_order):
             return f"{role} has a non-default shard order {spec.shard_order}"
     if _torch_redistribute._FORCE_MIN_COST_REDISTRIBUTION_PLAN:
