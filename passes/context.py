@@ -60,7 +60,7 @@ class PassContext:
             if not group.layout.check_orthogonal():
                 tried.append(f"ranks overlap in {group.layout}")
                 continue
-            if group.layout in self.mesh.flattened_layouts:
+            if self.mesh.group_exists(group):
                 return GroupChoice(group, "existing"), f"a process group with layout {_fmt(group)} exists"
             if not tried:  # name the layout of the first (shard) order only
                 tried.append(f"no process group has layout {_fmt(group)}")

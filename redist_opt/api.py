@@ -330,18 +330,10 @@ _local_shape = functools.lru_cache(maxsize=4096)(ir.local_shape)
 
 def _check_spec_matches(dtensor: DTensor) -> None:
     spec = dtensor._spec
-    mesh_desc = "x".join(str(s) for s in spec.mesh.shape)
-    if len(spec.placements) != spec.mesh.ndim:
-        raise RedistributeError(
-            f"DTensor spec has {len(spec.placements)} placements {placements_str(spec.placements)} "
-            f"for a {spec.mesh.ndim}-D mesh ({mesh_desc})"
-        )
-    for d, p in enumerate(spec.placements):
-        if isinstance(p, Shard) and not 0 <= p.dim < dtensor.ndim:
-            raise RedistributeError(
-                f"DTensor spec placement {placement_str(p)} on mesh dim {d} is out of range for "
-                f"its {dtensor.ndim}-D shape {tuple(dtensor.shape)}"
-            )
+    # The DTensor's own placements get the same checks as requested ones.
+    normalize_placements(
+        spec.placements, mesh_shape=tuple(spec.mesh.shape), tensor_ndim=dtensor.ndim, role="DTensor spec"
+    )
     if spec.tensor_meta is not None and tuple(spec.tensor_meta.shape) != tuple(dtensor.shape):
         raise RedistributeError(
             f"DTensor spec shape {tuple(spec.tensor_meta.shape)} does not match its shape "

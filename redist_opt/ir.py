@@ -34,7 +34,6 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
-import sympy
 import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -323,11 +322,3 @@ def max_numel(shape: Sequence, mesh_sizes: Sequence[int]) -> int:
     for s in shape:
         total *= max(sym.possible_values(s, mesh_sizes))
     return total
-
-
-def node_params(node: fx.Node) -> tuple:
-    return tuple(node.args[1:])
-
-
-def is_sympy(x) -> bool:
-    return isinstance(x, sympy.Basic)

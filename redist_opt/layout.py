@@ -21,7 +21,6 @@ __all__ = [
     "row_major_dim_layouts",
     "collapse",
     "is_orthogonal",
-    "covers_world_in_order",
     "rank_lists",
     "format_layout",
 ]
@@ -49,11 +48,6 @@ def collapse(dim_layouts: Sequence[FlatLayout]) -> FlatLayout:
 def is_orthogonal(layout: FlatLayout) -> bool:
     """True when no rank appears twice in the group the layout describes."""
     return layout.check_orthogonal()
-
-
-def covers_world_in_order(layout: FlatLayout, world_size: int) -> bool:
-    """True when the layout enumerates ranks 0..world_size-1 in order (the default group)."""
-    return layout.numel() == world_size and layout == _FlatLayout((world_size,), (1,))
 
 
 def numel(layout: FlatLayout) -> int:

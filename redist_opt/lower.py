@@ -30,7 +30,7 @@ from .ir import GraphBuilder, StepInfo
 from .mesh import MeshSpec
 from .placements import RedistributeError, placement_str
 
-__all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition", "describe_steps"]
+__all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition"]
 
 
 def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> str | None:
@@ -206,11 +206,3 @@ def _unsupported(step: StepInfo, mesh: MeshSpec) -> RedistributeError:
         f"redistribute from {placement_str(step.src)} to {placement_str(step.dst)} on mesh dim "
         f"{d} ({mesh.dim_name(d)}) of mesh ({mesh.shape_str}) is not supported by DTensor"
     )
-
-
-def describe_steps(steps: Sequence[StepInfo], mesh: MeshSpec) -> str:
-    return "; ".join(
-        f"{mesh.dim_name(s.mesh_dims[0])}: {placement_str(s.src)}->{placement_str(s.dst)}"
-        for s in steps
-    )
-

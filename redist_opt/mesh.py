@@ -186,4 +186,5 @@ class MeshSpec:
         return group.layout in self.flattened_layouts
 
     def with_flattened(self, groups: Iterable) -> "MeshSpec":
+        """The same mesh with more flattened groups available."""
         return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))

@@ -19,7 +19,7 @@ from torch.distributed.tensor.placement_types import Placement
 from . import ir
 from .lower import check_transition, greedy_steps, lower_steps, unsupported_reason
 from .mesh import MeshGroup, MeshSpec
-from .placements import RedistributeError, normalize_placements, placements_str
+from .placements import RedistributeError, normalize_placements
 
 __all__ = ["Plan", "make_plan", "Collective", "Note"]
 
@@ -152,7 +152,3 @@ def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
     if any(s < 0 for s in out):
         raise RedistributeError(f"tensor shape {out} has a negative size")
     return out
-
-
-def describe(plan: Plan) -> str:
-    return f"{placements_str(plan.src)} -> {placements_str(plan.dst)} on mesh ({plan.mesh.shape_str})"

@@ -25,7 +25,6 @@ __all__ = [
     "ChunkStart",
     "as_expr",
     "evaluate",
-    "compile_exprs",
     "possible_values",
     "is_divisible",
     "expr_str",
@@ -139,7 +138,6 @@ _NUMERIC = {
     "ChunkStart": chunk_start,
     "Max": max,
     "Min": min,
-    "floor": lambda x: x,
 }
 
 
@@ -156,16 +154,6 @@ def evaluate(expr, coords: Sequence[int]) -> int:
     if isinstance(expr, sympy.Integer):
         return int(expr)
     return int(_compiled(expr, len(coords))(*coords))
-
-
-def compile_exprs(exprs: Sequence, ndims: int):
-    """A function coords -> tuple of ints for a tuple of size expressions."""
-    parts = [int(e) if _is_int(e) else _compiled(e, ndims) for e in exprs]
-
-    def run(coords: Sequence[int]) -> tuple[int, ...]:
-        return tuple(p if isinstance(p, int) else int(p(*coords)) for p in parts)
-
-    return run
 
 
 def possible_values(expr, mesh_sizes: Sequence[int]) -> frozenset[int]:

@@ -35,6 +35,7 @@ import networkx as nx
 from . import ir
 from . import layout as L
 from . import symbolic as sym
+from .dump import _names
 
 __all__ = [
     "plan_graph",
@@ -87,10 +88,6 @@ def from_nodes(node) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _dim_names(plan) -> dict[int, str]:
-    return {d: plan.mesh.dim_name(d) for d in range(plan.mesh.ndim)}
-
-
 def _arg_str(a, names) -> str:
     if isinstance(a, sym.sympy.Basic):
         return sym.expr_str(a, names)
@@ -122,7 +119,7 @@ def _named_args(node, names) -> str:
 
 def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
     """The text of one IR node in a picture: op, arguments, local shape, bytes, provenance."""
-    names = _dim_names(plan)
+    names = _names(plan)
     shape = "(" + ", ".join(sym.expr_str(s, names) for s in node.meta.get("shape", ())) + ")"
     if node.op == "placeholder":
         return [f"%{node.name}: input", shape]
