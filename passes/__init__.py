@@ -9,12 +9,12 @@ pass with a :class:`PassContext` and runs them under
 
 from __future__ import annotations
 
-from passes.context import PassContext, RedistPass
-from passes.merge_all_gathers import MergeAllGathers
-from passes.merge_all_to_alls import MergeAllToAlls
-from passes.merge_reduce_scatters import MergeReduceScatters
-from passes.merge_reductions import MergeReductions
-from passes.reorder_collectives import ReorderCollectives
+from .context import PassContext, RedistPass
+from .merge_all_gathers import MergeAllGathers
+from .merge_all_to_alls import MergeAllToAlls
+from .merge_reduce_scatters import MergeReduceScatters
+from .merge_reductions import MergeReductions
+from .reorder_collectives import ReorderCollectives
 
 __all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
 

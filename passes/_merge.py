@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from torch.fx.passes.infra.pass_base import PassResult
 
-from passes.context import GroupChoice, RedistPass
+from .context import GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
 

@@ -26,7 +26,7 @@ Only contiguous sub-runs merge; the cheapest split under the cost model wins.
 
 from __future__ import annotations
 
-from passes import _merge
+from . import _merge
 from redist_opt import steps as S
 
 

@@ -38,7 +38,7 @@ import math
 from torch.distributed.tensor.placement_types import Shard
 from torch.fx.passes.infra.pass_base import PassResult
 
-from passes.context import RedistPass
+from .context import RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
 from redist_opt import symbolic as sym

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from passes import _merge
+from . import _merge
 from redist_opt import symbolic as sym
 
 

@@ -29,7 +29,7 @@ Not done: mixing reduce ops (DTensor forbids mixed partials in one placement).
 
 from __future__ import annotations
 
-from passes import _merge
+from . import _merge
 
 
 class MergeReductions(_merge.MergeRunPass):

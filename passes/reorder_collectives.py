@@ -38,7 +38,7 @@ from __future__ import annotations
 import networkx as nx
 from torch.fx.passes.infra.pass_base import PassResult
 
-from passes.context import RedistPass
+from .context import RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
 
@@ -117,7 +117,7 @@ class ReorderCollectives(RedistPass):
         """(modelled time, collectives, bytes) of ``order`` after the merge passes."""
         import dataclasses
 
-        from passes import DEFAULT_PIPELINE
+        from . import DEFAULT_PIPELINE
 
         gm = graph_module if order == list(range(len(regs))) else self._relower(graph_module, regs, order)
         if self._merges_possible:

@@ -47,7 +47,7 @@ class _Tracked:
 
 @functools.lru_cache(maxsize=4096)
 def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
-    from passes import DEFAULT_PIPELINE, PassContext
+    from .passes import DEFAULT_PIPELINE, PassContext
 
     from .cost import CostModel
 

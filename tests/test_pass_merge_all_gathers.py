@@ -1,7 +1,7 @@
 from pass_util import mesh, notes_of, run_and_check
 
 import redist_opt
-from passes import MergeAllGathers
+from redist_opt.passes import MergeAllGathers
 
 
 def test_nested_gather_merges():

@@ -1,7 +1,7 @@
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
-from passes import MergeAllToAlls
+from redist_opt.passes import MergeAllToAlls
 
 
 def test_gather_a2a_chunk_becomes_one_all_to_all():

@@ -1,7 +1,7 @@
 from pass_util import mesh, notes_of, run_and_check
 
 import redist_opt
-from passes import MergeReduceScatters
+from redist_opt.passes import MergeReduceScatters
 
 
 def test_nested_scatter_merges():

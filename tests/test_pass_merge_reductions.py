@@ -1,7 +1,7 @@
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
-from passes import MergeReductions, ReorderCollectives
+from redist_opt.passes import MergeReductions, ReorderCollectives
 from redist_opt.cost import CostModel
 
 

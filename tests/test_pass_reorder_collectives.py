@@ -1,7 +1,7 @@
 from pass_util import mesh, run_and_check, signature
 
 import redist_opt
-from passes import ReorderCollectives
+from redist_opt.passes import ReorderCollectives
 
 
 def test_scatter_moves_before_reductions():
