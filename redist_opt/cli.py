@@ -6,10 +6,10 @@ Errors are one line naming the offending argument, exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
-import socket
 import sys
-import time
 
 __all__ = ["main"]
 
@@ -29,6 +29,8 @@ def _parse_mesh(text: str):
             sizes.append(int(size))
         except ValueError:
             raise CliError(f"--mesh: size {size!r} of dim {name!r} is not an integer") from None
+        if sizes[-1] < 1:
+            raise CliError(f"--mesh: size {sizes[-1]} of dim {name!r} must be >= 1")
         names.append(name.strip())
     if not sizes:
         raise CliError("--mesh: give dims as name=size,... (e.g. dp=2,cp=2,tp=2)")
@@ -149,20 +151,27 @@ def _explain_mesh(text: str, flatten: list[str]):
     return spec.with_flattened(groups) if groups else spec
 
 
-def _explain_cost_model(profile: str, devices_per_host: int | None):
-    import dataclasses
+BUILTIN_PROFILES = ("nccl", "gloo")
 
+
+def _load_profile(flag: str, profile: str):
+    """A built-in cost profile by name, or one written by ``redist-opt calibrate``."""
     from redist_opt.cost import CostModel
 
     try:
-        if profile in ("nccl", "gloo"):
-            model = CostModel.profile(profile)
-        else:
-            model = CostModel.load(profile)
+        if profile in BUILTIN_PROFILES and not os.path.exists(profile):
+            return CostModel.profile(profile)
+        return CostModel.load(profile)
     except OSError as e:
-        raise CliError(f"--cost-model: cannot read {profile!r}: {e.strerror or e}") from None
+        raise CliError(f"{flag}: cannot read {profile!r}: {e.strerror or e}") from None
     except ValueError as e:
-        raise CliError(f"--cost-model: {e}") from None
+        raise CliError(f"{flag}: {e}") from None
+
+
+def _explain_cost_model(profile: str, devices_per_host: int | None):
+    import dataclasses
+
+    model = _load_profile("--cost-model", profile)
     if devices_per_host is not None:
         if devices_per_host < 1:
             raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
@@ -208,188 +217,163 @@ def _explain_error(message: str):
     sys.exit(2)
 
 
-# -- demo: a 3-D redistribution over 8 real gloo processes -------------------------
-
-DEMO_MESH = ((2, 2, 2), ("dp", "cp", "tp"))
-# Flattened meshes the demo job creates (as a training job would for its loss
-# reductions); the whole mesh is also the world group, which exists anyway.
-DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"))
-DEMO_CASES = [
-    # (src, dst, global shape)
-    ("P,P,P", "R,S(0),R", (8, 6)),  # reduce_scatter first, then one all_reduce over dp+tp
-    ("P,P,P", "R,R,R", (4, 4)),  # one all_reduce over the world group
-    ("S(0),S(0),S(1)", "R,R,R", (5, 3)),  # uneven: one exact all_gather over dp+cp
-    ("S(0),S(0),R", "S(1),S(1),R", (6, 8)),  # one all_to_all over dp+cp
-]
-
-
-def _demo_spec():
-    import redist_opt
-
-    sizes, names = DEMO_MESH
-    return redist_opt.MeshSpec(
-        sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN] + ["+".join(names)]
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _demo_input(mesh, src_p, shape, rank):
-    import torch
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-
-    # Small integers: every summation order gives the same bits, so results can
-    # be compared exactly with torch's, however the optimizer regrouped the sums.
-    full = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 7) % 11
-    base = [Replicate() if p.is_partial() else p for p in src_p]
-    dt = distribute_tensor(full, mesh, base, src_data_rank=None)
-    if any(p.is_partial() for p in src_p):
-        local = dt.to_local() + rank % 3  # every rank holds a different partial value
-        dt = DTensor.from_local(local, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride())
-    return dt
-
-
-def _demo_worker(rank: int, world: int, port: int, queue) -> None:
-    import logging
-
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-
-    import redist_opt
-    from redist_opt.torch_dtensor import reference_semantics
-
-    # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk.
-    logging.getLogger("torch.distributed.tensor._collective_utils").setLevel(logging.ERROR)
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        sizes, names = DEMO_MESH
-        mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-        for dims in DEMO_FLATTEN:
-            mesh[dims]._flatten()
-        results = []
-        for src, dst, shape in DEMO_CASES:
-            src_p = redist_opt.parse_placements(src)
-            dst_p = redist_opt.parse_placements(dst)
-            dt = _demo_input(mesh, src_p, shape, rank)
-            with reference_semantics(), CommDebugMode() as ref_mode:
-                ref = dt.redistribute(mesh, dst_p).to_local()
-            with CommDebugMode() as torch_mode:
-                merged = dt.redistribute(mesh, dst_p).to_local()
-            with CommDebugMode() as our_mode:
-                out = redist_opt.redistribute(dt, dst_p).to_local()
-            results.append(
-                dict(
-                    equal=bool(torch.equal(ref, out)),
-                    torch_merge_equal=bool(torch.equal(ref, merged)),
-                    ref_colls=ref_mode.get_total_counts(),
-                    torch_colls=torch_mode.get_total_counts(),
-                    our_colls=our_mode.get_total_counts(),
-                    t_ref=_median_time(lambda: dt.redistribute(mesh, dst_p), reference_semantics),
-                    t_torch=_median_time(lambda: dt.redistribute(mesh, dst_p)),
-                    t_our=_median_time(lambda: redist_opt.redistribute(dt, dst_p)),
-                )
-            )
-        queue.put((rank, results, None))
-    except Exception:  # report to the parent instead of hanging the others
-        import traceback
-
-        queue.put((rank, None, traceback.format_exc()))
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _median_time(fn, context=None, repeat: int = 7) -> float:
-    """Median wall time of ``fn`` after the first (planning) call, in seconds."""
-    import contextlib
-
-    import torch.distributed as dist
-
-    times = []
-    with context() if context else contextlib.nullcontext():
-        fn()
-        for _ in range(repeat):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def cmd_demo(args) -> int:
-    import torch.multiprocessing as mp
+    from .demo import run_demo
 
-    import redist_opt
-    from redist_opt.cost import CostModel
-    from redist_opt.dump import format_explain
+    return run_demo(timeout=args.timeout)
 
-    sizes, names = DEMO_MESH
-    world = 1
-    for s in sizes:
-        world *= s
-    spec = _demo_spec()
-    flats = ", ".join("+".join(f) for f in DEMO_FLATTEN)
-    print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {flats}\n")
-    for src, dst, shape in DEMO_CASES:
-        naive = redist_opt.plan(spec, src, dst, shape=shape)
-        print(format_explain(naive, redist_opt.optimize(naive), cost_model=CostModel.default(), show_ir=False))
-        print()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    print(f"executing on {world} ranks (gloo, 127.0.0.1:{port}) ...", flush=True)
-    pc = mp.start_processes(
-        _demo_worker, args=(world, port, queue), nprocs=world, join=False, start_method="spawn"
+
+# -- calibrate and bench ----------------------------------------------------------------
+
+
+def _sizes(text: str) -> list[int]:
+    from redist_opt.units import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise CliError(f"--sizes: {e}") from None
+
+
+def _check_samples(args) -> None:
+    if args.iters < 1 or args.warmup < 0:
+        raise CliError("--iters must be >= 1 and --warmup >= 0")
+
+
+def cmd_calibrate(args) -> int:
+    from redist_opt.calibrate import calibrate, format_calibration
+    from redist_opt.cost import KINDS
+    from redist_opt.spawn import SpawnError
+    from redist_opt.timing import load_warning
+    from redist_opt.units import format_size
+
+    mesh_sizes, names = _parse_mesh(args.mesh)
+    sizes = _sizes(args.sizes)
+    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
+    _check_samples(args)
+    print(
+        f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
+        f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
+        f"{len(KINDS)} collectives, {args.iters} samples each ...",
+        flush=True,
     )
-    reports = {}
-    deadline = time.time() + args.timeout
-    while len(reports) < world and time.time() < deadline:
-        try:
-            rank, results, err = queue.get(timeout=1.0)
-        except Exception:
-            if not all(p.is_alive() for p in pc.processes) and queue.empty():
-                break
-            continue
-        if err:
-            print(f"rank {rank} failed:\n{err}", file=sys.stderr)
-            pc.join()
-            return 1
-        reports[rank] = results
-    pc.join(timeout=30)
-    if len(reports) < world:
-        print(f"demo: only {len(reports)}/{world} ranks reported before the timeout", file=sys.stderr)
-        return 1
-    ok = True
-    print()
-    print("collectives and wall time per redistribution (median of 7 runs, slowest rank):")
-    header = f"{'case':<38} {'equal':>6} {'torch no-merge':>15} {'torch merge':>12} {'redist_opt':>11}"
-    print(header)
-    for i, (src, dst, shape) in enumerate(DEMO_CASES):
-        rows = [reports[r][i] for r in range(world)]
-        equal = all(r["equal"] for r in rows)
-        ok &= equal
-        t = {k: max(r[k] for r in rows) * 1e3 for k in ("t_ref", "t_torch", "t_our")}
-        torch_ok = "" if all(r["torch_merge_equal"] for r in rows) else " WRONG"
-        case = f"{src} -> {dst} {shape}"
-        print(
-            f"{case:<38} {str(equal):>6} {rows[0]['ref_colls']:>3} {t['t_ref']:>7.2f} ms "
-            f"{rows[0]['torch_colls']:>2} {t['t_torch']:>5.2f} ms{torch_ok} "
-            f"{rows[0]['our_colls']:>2} {t['t_our']:>5.2f} ms"
+    warning = load_warning()
+    if warning:
+        print(warning, flush=True)
+    try:
+        model, record = calibrate(
+            nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
         )
-    print()
-    if ok:
-        print(f"every rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks")
-    else:
-        print("MISMATCH against torch's redistribute")
-    return 0 if ok else 1
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except SpawnError as e:
+        print(f"redist-opt calibrate: {e}", file=sys.stderr)
+        return 1
+    print(format_calibration(model, record))
+    model.save(args.out, calibration=record)
+    print(
+        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring, "
+        f"the rest starting {nprocs} processes)"
+    )
+    return 0
+
+
+def _parse_case(text: str) -> tuple[str, str]:
+    """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
+    import redist_opt
+    from redist_opt.bench import WALL_MESH
+
+    if "->" not in text:
+        raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
+    src, dst = (s.strip() for s in text.split("->", 1))
+    for s in (src, dst):
+        ps = redist_opt.parse_placements(s)
+        if len(ps) != len(WALL_MESH[0]):
+            raise CliError(f"--case {text!r}: {s!r} has {len(ps)} placements for a 2-D mesh")
+    return src, dst
+
+
+def cmd_bench(args) -> int:
+    from redist_opt import bench
+    from redist_opt.spawn import SpawnError
+    from redist_opt.timing import load_warning, loadavg, torch_version
+
+    sizes = _sizes(args.sizes)
+    cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
+    _check_samples(args)
+    cost = _load_profile("--profile", args.profile) if args.profile else None
+    result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
+    warning = load_warning()
+    if warning:
+        print(warning + "\n", flush=True)
+    exit_code = 0
+    if args.part in ("all", "planning"):
+        res = bench.planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
+        result["planning"] = res
+        print(bench.format_planning(res))
+        if cost is not None and not res["cost_profile_used"]:
+            print("note: redist_opt.optimize takes no cost= keyword yet; the profile was not used")
+        print(flush=True)
+    if args.part in ("all", "wall"):
+        print(
+            f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
+            flush=True,
+        )
+        try:
+            res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
+        except SpawnError as e:
+            print(f"redist-opt bench: {e}", file=sys.stderr)
+            return 1
+        result["wall"] = res
+        print(bench.format_wall(res))
+        if cost is not None and not res["cost_profile_used"]:
+            print("note: redist_opt.redistribute takes no cost= keyword yet; the profile was not used")
+        if not all(r["equal"] for r in res["rows"]):
+            print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
+            exit_code = 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    return exit_code
+
+
+def _add_calibrate_arguments(p) -> None:
+    from redist_opt.calibrate import DEFAULT_CALIBRATE_SIZES
+
+    p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
+    p.add_argument("--mesh", default="2,2", help="mesh sizes, e.g. 2,2 or a=2,b=2 (default 2,2)")
+    p.add_argument(
+        "--sizes", default=DEFAULT_CALIBRATE_SIZES,
+        help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
+        f"or a range with a step factor (1KiB..4MiB*4); default {DEFAULT_CALIBRATE_SIZES}",
+    )  # fmt: skip
+    p.add_argument("--iters", type=int, default=7, help="timed samples per point (default 7)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
+
+
+def _add_bench_arguments(p) -> None:
+    from redist_opt.bench import DEFAULT_BENCH_SIZES
+
+    p.add_argument("--part", default="all", choices=["all", "planning", "wall"], help="which part to run (default all)")
+    p.add_argument(
+        "--sizes", default=DEFAULT_BENCH_SIZES,
+        help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
+    )  # fmt: skip
+    p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
+    p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
+    p.add_argument(
+        "--profile",
+        help="the optimizer's cost profile: a JSON file from `redist-opt calibrate`, or a built-in "
+        f"profile name ({', '.join(BUILTIN_PROFILES)}); default: redist_opt's default model",
+    )
+    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -436,15 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--mesh-svg", metavar="FILE", help="write the mesh diagram (ranks per collective) as SVG")
     ex.set_defaults(func=cmd_explain)
 
-    from . import bench
-
     cal = sub.add_parser("calibrate", help="measure gloo collectives and fit a cost profile (JSON)")
-    bench.add_calibrate_arguments(cal)
-    cal.set_defaults(func=bench.cmd_calibrate)
+    _add_calibrate_arguments(cal)
+    cal.set_defaults(func=cmd_calibrate)
 
     be = sub.add_parser("bench", help="planning speed, and wall clock vs torch over 4 gloo processes")
-    bench.add_bench_arguments(be)
-    be.set_defaults(func=bench.cmd_bench)
+    _add_bench_arguments(be)
+    be.set_defaults(func=cmd_bench)
     return parser
 
 

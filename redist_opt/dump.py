@@ -92,6 +92,7 @@ from . import ir
 from . import layout as L
 from . import symbolic as sym
 from .placements import placement_str, placements_str
+from .visualize import plan_to_dot
 
 __all__ = [
     "format_plan",
@@ -120,10 +121,6 @@ DEFAULT_RANK_LIMIT = 2
 # -- plain plan dumps ------------------------------------------------------------
 
 
-def _names(plan) -> dict[int, str]:
-    return {d: plan.mesh.dim_name(d) for d in range(plan.mesh.ndim)}
-
-
 def _arg_str(a, names) -> str:
     if isinstance(a, sym.sympy.Basic):
         return sym.expr_str(a, names)
@@ -137,15 +134,9 @@ def _arg_str(a, names) -> str:
     return repr(a) if isinstance(a, str) else str(a)
 
 
-def _from_nodes(node) -> tuple[str, ...]:
-    from .visualize import from_nodes
-
-    return from_nodes(node)
-
-
 def format_graph(plan) -> str:
     """One line per IR op: ``%name = op(args) : (local shape)  # <- %provenance``."""
-    names = _names(plan)
+    names = plan.mesh.dim_names_by_index()
     lines = []
     for node in plan.graph.graph.nodes:
         if node.op == "placeholder":
@@ -157,7 +148,7 @@ def format_graph(plan) -> str:
             args = ", ".join(_arg_str(a, names) for a in node.args[1:])
             shape = ", ".join(sym.expr_str(s, names) for s in node.meta["shape"])
             line = f"%{node.name} = {ir.ir_name(node)}(%{node.args[0].name}, {args}) : ({shape})"
-            src = _from_nodes(node)
+            src = ir.from_nodes(node)
             if src:
                 line += "  # <- " + ", ".join("%" + s for s in src)
             lines.append(line)
@@ -263,7 +254,7 @@ def _group_data(group, mesh, rank_limit: int) -> dict:
 def _ir_data(plan) -> list[dict]:
     if plan.graph is None:
         return []
-    names = _names(plan)
+    names = plan.mesh.dim_names_by_index()
     out = []
     for node in plan.graph.graph.nodes:
         if node.op == "placeholder":
@@ -279,7 +270,7 @@ def _ir_data(plan) -> list[dict]:
                 "args": args,
                 "inputs": [n.name for n in node.all_input_nodes],
                 "shape": [sym.expr_str(s, names) for s in node.meta.get("shape", ())],
-                "from_nodes": list(_from_nodes(node)),
+                "from_nodes": list(ir.from_nodes(node)),
             }
         )
     return out
@@ -303,7 +294,7 @@ def _plan_data(plan, cost_model, rank_limit: int) -> dict:
                 "group": _group_data(c.group, plan.mesh, rank_limit),
                 "bytes_per_rank": int(c.bytes_in),
                 "time_s": t,
-                "from_nodes": list(_from_nodes(by_name[c.node])) if c.node in by_name else [],
+                "from_nodes": list(ir.from_nodes(by_name[c.node])) if c.node in by_name else [],
             }
         )
     return {
@@ -563,8 +554,6 @@ def write_pass_dump(directory, seq: int, pipeline: str, pass_name: str | None, p
     Returns ``[]`` (writes nothing) for a pass ``REDIST_OPT_DUMP_PASSES`` filters out.
     The ``.txt`` is :func:`format_plan`; the ``.dot`` is the IR graph.
     """
-    from .visualize import plan_to_dot
-
     if not pass_selected(pass_name):
         return []
     stage = _stage(pass_name)

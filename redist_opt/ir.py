@@ -322,3 +322,17 @@ def max_numel(shape: Sequence, mesh_sizes: Sequence[int]) -> int:
     for s in shape:
         total *= max(sym.possible_values(s, mesh_sizes))
     return total
+
+
+def from_nodes(node) -> tuple[str, ...]:
+    """Names of the nodes ``node`` was rewritten from (``node.meta["from_node"]``)."""
+    src = node.meta.get("from_node") if hasattr(node, "meta") else None
+    if not src:
+        return ()
+    if isinstance(src, (str, bytes)) or not isinstance(src, (list, tuple, set, frozenset)):
+        src = [src]
+    out = []
+    for s in src:
+        name = getattr(s, "name", s)
+        out.append(str(name))
+    return tuple(out)

@@ -141,6 +141,10 @@ class MeshSpec:
     def num_ranks(self) -> int:
         return math.prod(self.sizes)
 
+    def dim_names_by_index(self) -> dict[int, str]:
+        """``{dim: name}`` for every dim (its index where the mesh has no names)."""
+        return {d: self.dim_name(d) for d in range(self.ndim)}
+
     def dim_name(self, d: int) -> str:
         return self.names[d] if self.names else str(d)
 

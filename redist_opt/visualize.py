@@ -35,7 +35,6 @@ import networkx as nx
 from . import ir
 from . import layout as L
 from . import symbolic as sym
-from .dump import _names
 
 __all__ = [
     "plan_graph",
@@ -45,7 +44,6 @@ __all__ = [
     "mesh_svg",
     "write_text",
     "node_label_lines",
-    "from_nodes",
     "MAX_DRAWN_RANKS",
 ]
 
@@ -72,20 +70,6 @@ LINE_H = 15
 
 
 # -- the graph -----------------------------------------------------------------
-
-
-def from_nodes(node) -> tuple[str, ...]:
-    """Names of the nodes ``node`` was rewritten from (``node.meta["from_node"]``)."""
-    src = node.meta.get("from_node") if hasattr(node, "meta") else None
-    if not src:
-        return ()
-    if isinstance(src, (str, bytes)) or not isinstance(src, (list, tuple, set, frozenset)):
-        src = [src]
-    out = []
-    for s in src:
-        name = getattr(s, "name", s)
-        out.append(str(name))
-    return tuple(out)
 
 
 def _arg_str(a, names) -> str:
@@ -119,7 +103,7 @@ def _named_args(node, names) -> str:
 
 def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
     """The text of one IR node in a picture: op, arguments, local shape, bytes, provenance."""
-    names = _names(plan)
+    names = plan.mesh.dim_names_by_index()
     shape = "(" + ", ".join(sym.expr_str(s, names) for s in node.meta.get("shape", ())) + ")"
     if node.op == "placeholder":
         return [f"%{node.name}: input", shape]
@@ -128,7 +112,7 @@ def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
     lines = [f"%{node.name} = {ir.ir_name(node)}", _named_args(node, names), shape]
     if bytes_in is not None:
         lines.append(f"{bytes_in} B in per rank")
-    src = from_nodes(node)
+    src = ir.from_nodes(node)
     if src:
         lines.append("<- " + ", ".join("%" + s for s in src))
     return lines
@@ -167,7 +151,7 @@ def plan_graph(plans: Sequence[tuple[str, object]]) -> nx.DiGraph:
             for inp in node.all_input_nodes:
                 g.add_edge((label, inp.name), (label, node.name), kind="flow")
             if previous_label is not None:
-                for src in from_nodes(node):
+                for src in ir.from_nodes(node):
                     if src in previous_names:
                         g.add_edge((previous_label, src), (label, node.name), kind="from")
         previous_names, previous_label = names_here, label

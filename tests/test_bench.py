@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from redist_opt.bench import SpawnError, planning_bench, run_ranks
+from redist_opt.bench import planning_bench
+from redist_opt.spawn import SpawnError, run_ranks
 from redist_opt.cli import main
 from redist_opt.cost import KINDS, CostModel
 

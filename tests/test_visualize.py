@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import redist_opt
+from redist_opt import ir
 from redist_opt import layout as L
 from redist_opt import visualize
 
@@ -98,7 +99,7 @@ def test_plan_graph_svg_structure():
     # provenance: one dashed edge per from_node that names a node of the naive plan
     naive_names = {n.name for n in naive.graph.graph.nodes}
     expected = sum(
-        1 for n in optimized.graph.graph.nodes for s in visualize.from_nodes(n) if s in naive_names
+        1 for n in optimized.graph.graph.nodes for s in ir.from_nodes(n) if s in naive_names
     )
     assert len([p for p in edges if "from" in p.get("class")]) == expected
 
