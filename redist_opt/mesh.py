@@ -73,6 +73,9 @@ class MeshSpec:
     flattened: tuple = ()
     dim_layouts: tuple | None = None
     index_space: int | None = None
+    # The process-group backend of the mesh's groups ("gloo", "nccl", "fake", ...), None
+    # when unknown (rank-free specs); picks the cost profile (``redist_opt.cost.resolve``).
+    backend: str | None = None
     # Collapsed layouts of every flattened group that exists, derived in __post_init__.
     flattened_layouts: frozenset = dataclasses.field(default=frozenset(), compare=False)
 
@@ -108,7 +111,7 @@ class MeshSpec:
         object.__setattr__(self, "flattened_layouts", frozenset(layouts))
         # Plans are cached by MeshSpec: hash once, not on every lookup.
         object.__setattr__(
-            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts))
+            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts, self.backend))
         )
 
     def __hash__(self) -> int:
@@ -124,6 +127,7 @@ class MeshSpec:
             flattened=tuple(L.known_communicators(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
+            backend=_backend_of(device_mesh),
         )
 
     # -- queries ------------------------------------------------------------
@@ -188,3 +192,26 @@ class MeshSpec:
     def with_flattened(self, groups: Iterable) -> "MeshSpec":
         """The same mesh with more flattened groups available."""
         return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))
+
+
+def _backend_of(device_mesh) -> str | None:
+    """The backend name of the mesh's process groups for its device type, or None.
+
+    ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
+    mesh's device type picks one. Dims on different backends give None.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    found = set()
+    try:
+        for d in range(device_mesh.ndim):
+            name = str(dist.get_backend(device_mesh.get_group(d)))
+            if ":" in name:  # "cpu:gloo,cuda:nccl"
+                per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+                name = per_device.get(device_mesh.device_type, name)
+            found.add(name)
+    except (RuntimeError, ValueError):
+        return None
+    return found.pop() if len(found) == 1 else None
