@@ -12,6 +12,7 @@ from __future__ import annotations
 from .context import PassContext, RedistPass
 from .merge_all_gathers import MergeAllGathers
 from .merge_all_to_alls import MergeAllToAlls
+from .merge_gathers_across_dims import MergeGathersAcrossDims
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
 from .reorder_collectives import ReorderCollectives
@@ -28,6 +29,8 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     MergeReduceScatters,
     MergeAllGathers,
     MergeAllToAlls,
+    # Gathers of different tensor dims -> one all_gather of blocks + local reassembly.
+    MergeGathersAcrossDims,
 ]
 
 
