@@ -468,6 +468,7 @@ naive/optimized: 1.50x collectives, 1.90x bytes per rank
 
 notes (+ made, - not made):
   + [merge-all-gathers] all_gather(cp) + all_gather(dp) -> all_gather(dp+cp): a process group with layout 4:2 exists
+  - [merge-gathers-across-dims] all_gather(tp) + all_gather(dp+cp): not made: no process group has layout 8:1 (groups=existing)
 
 IR (naive):
   %x : (chunk(chunk(5,2,c_dp),2,c_cp), chunk(3,2,c_tp))
