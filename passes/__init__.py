@@ -15,6 +15,7 @@ from .merge_all_to_alls import MergeAllToAlls
 from .merge_gathers_across_dims import MergeGathersAcrossDims
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
+from .merge_reductions_into_all_reduce import MergeReductionsIntoAllReduce
 from .reorder_collectives import ReorderCollectives
 
 __all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
@@ -27,6 +28,9 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     # Fuse adjacent collectives of one kind over disjoint mesh dims onto product groups.
     MergeReductions,
     MergeReduceScatters,
+    # Small tensors: reduce_scatters + all_reduces -> one all_reduce + local chunks,
+    # where the cost model says the saved launches outweigh the added bytes.
+    MergeReductionsIntoAllReduce,
     MergeAllGathers,
     MergeAllToAlls,
     # Gathers of different tensor dims -> one all_gather of blocks + local reassembly.
