@@ -31,8 +31,11 @@ Legality:
    its coordinates over those dims (checked on the shard state; DTensor's greedy
    order always satisfies it);
 3. a communicator over the union of the mesh dims is available under the groups
-   policy, in *any* rank order: ``unpack_blocks`` maps the slot order of the
-   group it gets (``MeshGroup`` dims, first slowest) to chunk indices;
+   policy, whatever layout names it: a communicator ranks its members by
+   ascending global rank (c10d sorts them), so the gathered slots come in
+   ``MeshSpec.rank_order`` of the dims (dims by decreasing stride; the merge is
+   not made when their modes interleave), and ``unpack_blocks`` maps that slot
+   order to chunk indices;
 4. uneven sizes are exact: every gathered dim is padded to its largest nested
    piece (uniform within the group: it depends only on coordinates outside it),
    and each piece is narrowed to the size DTensor defines for it. Data is only
@@ -78,7 +81,11 @@ class GatherBlocksStep(ir.StepInfo):
 
     def lower(self, b: ir.GraphBuilder, mesh) -> None:
         group_dims = tuple(d for d in self.mesh_dims if mesh.sizes[d] > 1)
-        counts = tuple(mesh.sizes[d] for d in group_dims)
+        # The gathered slots come in the communicator's rank order (ascending global
+        # rank), which need not be the order of the layout that names the group.
+        slot_dims = mesh.rank_order(group_dims)
+        assert slot_dims is not None and set(slot_dims) == set(group_dims), group_dims
+        counts = tuple(mesh.sizes[d] for d in slot_dims)
         blocks, lengths = [], []
         for t, dims in sorted(self.parts):
             real = tuple(d for d in dims if mesh.sizes[d] > 1)
@@ -88,7 +95,7 @@ class GatherBlocksStep(ir.StepInfo):
             pieces = tuple(mesh.sizes[d] for d in real)
             if not sym.is_divisible(length, math.prod(pieces), mesh.sizes):
                 b.emit("pad_to", t, sym.nested_max_chunk(length, pieces))
-            blocks.append((t, tuple(group_dims.index(d) for d in real)))
+            blocks.append((t, tuple(slot_dims.index(d) for d in real)))
             lengths.append(length)
         gather_dim = blocks[0][0]
         b.emit("all_gather", mesh.group(group_dims), gather_dim)
@@ -203,9 +210,18 @@ class MergeGathersAcrossDims(RedistPass):
         return None
 
     def _partitions(self, run):
-        """Contiguous splits whose merged blocks gather >= 2 tensor dims."""
+        """Contiguous splits whose merged blocks gather >= 2 tensor dims over mesh dims
+        whose ranks a communicator lists in an order of whole dims (``rank_order``)."""
+        mesh = self.ctx.mesh
+
+        def ok(m):
+            if len(m) == 1:
+                return True
+            dims = [d for k in m for d in run[k].step.mesh_dims]
+            return len({t for k in m for t, _ in _parts(run[k].step)}) >= 2 and mesh.rank_order(dims) is not None
+
         for part in _merge.contiguous_partitions(len(run)):
-            if all(len(m) == 1 or len({t for k in m for t, _ in _parts(run[k].step)}) >= 2 for m in part):
+            if all(ok(m) for m in part):
                 yield part
 
     # -- the merged step ----------------------------------------------------------------

@@ -76,6 +76,9 @@ class MeshSpec:
     # The process-group backend of the mesh's groups ("gloo", "nccl", "fake", ...), None
     # when unknown (rank-free specs); picks the cost profile (``redist_opt.cost.resolve``).
     backend: str | None = None
+    # Whether the root's rank map lists global ranks in ascending index order (True for
+    # init_device_mesh and rank-free specs); see ``rank_order``.
+    ranks_ascending: bool = True
     # Collapsed layouts of every flattened group that exists, derived in __post_init__.
     flattened_layouts: frozenset = dataclasses.field(default=frozenset(), compare=False)
 
@@ -111,7 +114,7 @@ class MeshSpec:
         object.__setattr__(self, "flattened_layouts", frozenset(layouts))
         # Plans are cached by MeshSpec: hash once, not on every lookup.
         object.__setattr__(
-            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts, self.backend))
+            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts, self.backend, self.ranks_ascending))
         )
 
     def __hash__(self) -> int:
@@ -128,6 +131,7 @@ class MeshSpec:
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
             backend=_backend_of(device_mesh),
+            ranks_ascending=L.ranks_ascending(device_mesh),
         )
 
     # -- queries ------------------------------------------------------------
@@ -182,6 +186,32 @@ class MeshSpec:
                 layout=L.collapse([self.dim_layouts[d] for d in dims]),
             )
         return cache[dims]
+
+    def rank_order(self, dims: Sequence[int]) -> tuple[int, ...] | None:
+        """The order of ``dims`` (size-1 dims dropped) in which a communicator over
+        them lists its ranks, or None when no order of whole dims does.
+
+        c10d sorts a new group's ranks, so every communicator (a dim's group, a
+        flattened mesh, the world group) ranks its members by ascending global rank:
+        as mesh dims, the dims by decreasing stride, when their modes do not
+        interleave. On a row-major mesh that is ascending mesh-dim order; on a
+        column-major layout the reverse. Layouts index the root's rank map: when that
+        map is not ascending (an explicit permuted rank tensor) the order is unknown.
+        """
+        real = [d for d in dims if self.sizes[d] > 1]
+        order = tuple(sorted(real, key=lambda d: (-max(self.dim_layouts[d].stride), d)))
+        if len(order) <= 1:
+            return order
+        if not self.ranks_ascending:
+            return None  # layouts index the rank map, whose order we do not model
+        layout = self.group(order).layout
+        modes = [(s, t) for s, t in zip(layout.shape, layout.stride) if s > 1]
+        span = 0  # largest offset the faster modes reach
+        for s, t in reversed(modes):
+            if t <= span:
+                return None
+            span += (s - 1) * t
+        return order
 
     def group_exists(self, group: MeshGroup) -> bool:
         """A group exists when it is one mesh dim or some flattened mesh has its layout."""

@@ -211,6 +211,12 @@ MESHES: dict[str, MeshFactory] = {
         # used with groups="create" only (created flattened groups stay on the root)
         MeshFactory("2x8", 16, _init((2, 8), ("a", "b"))),
         MeshFactory("2x4x2", 16, _init((2, 4, 2), ("a", "b", "c"))),
+        # column-major 2x8: a+b is not the world's rank order, so groups="create" creates it
+        MeshFactory(
+            "colmajor2x8",
+            16,
+            _explicit(lambda: torch.arange(16).reshape(8, 2).T.contiguous(), ("a", "b")),
+        ),
         # size-1 mesh dims
         MeshFactory("1x4", 4, _init((1, 4), ("a", "b"))),
         MeshFactory("2x1x2", 4, _init((2, 1, 2))),

@@ -109,14 +109,37 @@ def test_no_group_not_transformed():
 
 
 def test_any_rank_order_serves():
-    # Condition 3: a communicator over (b, a) — b slowest — is used as it is;
-    # unpack_blocks reads the slots in that order.
+    # Condition 3: a communicator named by the (b, a) layout serves as well; it ranks
+    # its members by ascending global rank, i.e. a slowest, and unpack_blocks reads
+    # the slots in that order.
     spec = mesh((2, 2))
     ba = L.collapse([spec.dim_layouts[1], spec.dim_layouts[0]])
     p = redist_opt.plan(spec.with_flattened([ba]), "S(0),S(1)", "R,R", shape=(4, 6))
     after = run_and_check(p, P, ["all_gather(b+a)"])
     unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
-    assert unpack.args[2:4] == ((2, 2), ((0, (1,)), (1, (0,))))
+    assert unpack.args[2:4] == ((2, 2), ((0, (0,)), (1, (1,))))
+
+
+def test_column_major_slots():
+    # A column-major 2x4 mesh: rank = c_a + 2 c_b, so a communicator over a+b lists
+    # b slowest; the slots follow that order whatever the group's layout.
+    spec = redist_opt.MeshSpec((2, 4), ("a", "b"), dim_layouts=(L.FlatLayout((2,), (1,)), L.FlatLayout((4,), (2,))))
+    assert spec.rank_order((0, 1)) == (1, 0)
+    p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 8))
+    after = run_and_check(p, P, ["all_gather(a+b)"], groups="create")
+    unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
+    assert unpack.args[2:4] == ((4, 2), ((0, (1,)), (1, (0,))))
+
+
+def test_interleaved_modes_not_transformed():
+    # Condition 3: dim a spans ranks {0,1,4,5} (layout (2,2):(4,1)), dim b steps by 2:
+    # a communicator over both lists ranks 0..7, which no order of whole dims gives.
+    spec = redist_opt.MeshSpec(
+        (4, 2), ("a", "b"), dim_layouts=(L.FlatLayout((2, 2), (4, 1)), L.FlatLayout((2,), (2,))), index_space=8
+    )
+    assert spec.rank_order((0, 1)) is None
+    p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 8))
+    run_and_check(p, P, None, groups="create")
 
 
 def test_cost_can_refuse():
@@ -172,6 +195,26 @@ def test_acceptance_2x8_one_collective(shape, dtype):
     ref = check_case("2x8", ("S(0)", "S(1)"), ("R", "R"), shape, dtype, groups="create")
     assert ref.total == 2 and ref.optimized.total == 1
     assert dict(ref.optimized.counts) == {"all_gather": 1}
+
+
+def test_acceptance_2x8_group_is_created():
+    # On the harness's 2x8 mesh a+b is the (fake) world group. On a rank-free 2 x 8
+    # spec nothing exists: groups="create" creates a+b, "existing" keeps two gathers.
+    p = _plan((2, 8), [], "S(0),S(1)", "R,R", (5, 7))
+    opt = redist_opt.optimize(p, groups="create")
+    assert signature(opt) == ["all_gather(a+b)"]
+    assert any("creates" in n for n in notes_of(opt, P))
+    assert len(redist_opt.optimize(p).collectives()) == 2
+
+
+@pytest.mark.parametrize("src, dst", [(("S(0)", "S(1)"), ("R", "R")), (("S(0)", "S(0)"), ("R", "R")),
+                                      (("P", "P"), ("S(0)", "S(0)"))])
+def test_permuted_rank_map_not_merged(src, dst):
+    # A column-major rank tensor: a created a+b group ranks its members by global rank,
+    # which is not the mesh's index order; shard-ordered merges are not made (they
+    # returned wrong data before) and the result equals torch's.
+    ref = check_case("colmajor2x8", src, dst, (16, 4), groups="create")
+    assert ref.optimized.total == ref.total
 
 
 @pytest.mark.parametrize(
