@@ -181,7 +181,17 @@ class MergeGathersAcrossDims(RedistPass):
                 i += 1
                 continue
             j, used = i + 1, set(regs[i].step.mesh_dims)
-            while j < len(regs) and regs[j].step.kind == "all_gather" and not used & set(regs[j].step.mesh_dims):
+            while (
+                j < len(regs)
+                and regs[j].step.kind == "all_gather"
+                and not used & set(regs[j].step.mesh_dims)
+                # gathers of other tensor dims commute (steps.commute); gathers of the
+                # same tensor dim (one merge key) compose as one nested gather
+                and all(
+                    S.commute(r.step, regs[j].step) is None or S.merge_key(r.step) == S.merge_key(regs[j].step)
+                    for r in regs[i:j]
+                )
+            ):
                 used |= set(regs[j].step.mesh_dims)
                 j += 1
             if len({t for r in regs[i:j] for t, _ in _parts(r.step)}) >= 2:

@@ -118,15 +118,16 @@ class MergeReductionsIntoAllReduce(RedistPass):
             if step.kind not in _KINDS or regs[i].collective is None:
                 i += 1
                 continue
-            j, used = i + 1, set(step.mesh_dims)
+            j = i + 1
             while (
                 j < len(regs)
                 and regs[j].step.kind in _KINDS
                 and regs[j].collective is not None
                 and regs[j].step.reduce_op == step.reduce_op
-                and not used & set(regs[j].step.mesh_dims)
+                # disjoint mesh dims, and (steps.commute) the order of the block's
+                # reductions does not matter, so one all_reduce may stand for all
+                and all(S.commute(r.step, regs[j].step) is None for r in regs[i:j])
             ):
-                used |= set(regs[j].step.mesh_dims)
                 j += 1
             if j - i >= 2 and any(r.step.kind == "reduce_scatter" for r in regs[i:j]):
                 out.append((i, j))
