@@ -157,3 +157,25 @@ def test_dumps_show_the_profile(tmp_path, monkeypatch):
     assert "  cost model: gloo (mesh backend gloo)" in str(opt).splitlines()
     after = sorted(tmp_path.glob("*.after_*.txt"))
     assert after and all("cost model: gloo (mesh backend gloo)" in f.read_text() for f in after)
+
+
+def test_backend_per_device_string(monkeypatch):
+    # get_backend names one backend per device for mixed process groups.
+    from redist_opt import mesh as mesh_mod
+
+    class FakeMesh:
+        ndim = 2
+
+        def __init__(self, device_type):
+            self.device_type = device_type
+
+        def get_group(self, d):
+            return f"pg{d}"
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda pg: "cpu:gloo,cuda:nccl")
+    assert mesh_mod._backend_of(FakeMesh("cpu")) == "gloo"
+    assert mesh_mod._backend_of(FakeMesh("cuda")) == "nccl"
+    # Dims on different backends: unknown, so the default profile.
+    monkeypatch.setattr(dist, "get_backend", lambda pg: {"pg0": "gloo", "pg1": "nccl"}[pg])
+    assert mesh_mod._backend_of(FakeMesh("cpu")) is None
