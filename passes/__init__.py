@@ -12,8 +12,10 @@ from __future__ import annotations
 from .context import PassContext, RedistPass
 from .merge_all_gathers import MergeAllGathers
 from .merge_all_to_alls import MergeAllToAlls
+from .merge_gathers_across_dims import MergeGathersAcrossDims
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
+from .merge_reductions_into_all_reduce import MergeReductionsIntoAllReduce
 from .reorder_collectives import ReorderCollectives
 
 __all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
@@ -26,8 +28,13 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     # Fuse adjacent collectives of one kind over disjoint mesh dims onto product groups.
     MergeReductions,
     MergeReduceScatters,
+    # Small tensors: reduce_scatters + all_reduces -> one all_reduce + local chunks,
+    # where the cost model says the saved launches outweigh the added bytes.
+    MergeReductionsIntoAllReduce,
     MergeAllGathers,
     MergeAllToAlls,
+    # Gathers of different tensor dims -> one all_gather of blocks + local reassembly.
+    MergeGathersAcrossDims,
 ]
 
 

@@ -60,6 +60,10 @@ class PassContext:
             if not group.layout.check_orthogonal():
                 tried.append(f"ranks overlap in {group.layout}")
                 continue
+            if not any_order and self.mesh.rank_order(order) != tuple(order):
+                # A communicator ranks its members by ascending global rank (c10d sorts them).
+                tried.append(f"a communicator over {_fmt(group)} ranks its members in another order")
+                continue
             if self.mesh.group_exists(group):
                 return GroupChoice(group, "existing"), f"a process group with layout {_fmt(group)} exists"
             if not tried:  # name the layout of the first (shard) order only
@@ -67,10 +71,13 @@ class PassContext:
         allowed = self._creatable(real)
         if allowed:
             group = self.mesh.group(tuple(sorted(real)) if any_order else tuple(real))
-            if list(group.dims) == sorted(group.dims):
+            if not any_order and self.mesh.rank_order(group.dims) != tuple(group.dims):
+                tried.append(f"a communicator over {_fmt(group)} ranks its members in another order")
+            elif list(group.dims) == sorted(group.dims):
                 extra = self.cost.group_creation_time(group, self.mesh)
                 return GroupChoice(group, "create", extra), f"groups={self._policy_str()} creates {_fmt(group)}"
-            tried.append("DeviceMesh flattens mesh dims in ascending order only")
+            else:
+                tried.append("DeviceMesh flattens mesh dims in ascending order only")
         return None, "; ".join(dict.fromkeys(tried)) + f" (groups={self._policy_str()})"
 
     def _creatable(self, dims) -> bool:

@@ -59,6 +59,7 @@ def cmd_explain(args) -> int:
     Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
     """
     import contextlib
+    import dataclasses
     import json
 
     import redist_opt
@@ -66,6 +67,8 @@ def cmd_explain(args) -> int:
     from redist_opt.placements import RedistributeError, normalize_placements
 
     spec = _explain_mesh(args.mesh, args.flatten or [])
+    if args.backend:
+        spec = dataclasses.replace(spec, backend=args.backend)
     shape = _parse_shape(args.shape)
     if any(s < 0 for s in shape):
         raise CliError(f"--shape: {args.shape!r} has a negative size")
@@ -79,7 +82,7 @@ def cmd_explain(args) -> int:
         naive = redist_opt.plan(spec, args.src, args.dst, shape=shape, dtype=dtype)
     except RedistributeError as e:
         raise CliError(f"--src/--dst: {e}") from None
-    model = _explain_cost_model(args.cost_model, args.devices_per_host)
+    model, source = _explain_cost_model(args.cost_model, args.devices_per_host, spec)
     if args.rank_lists < 0:
         raise CliError(f"--rank-lists: {args.rank_lists} must be >= 0")
 
@@ -93,7 +96,10 @@ def cmd_explain(args) -> int:
     with dump_ctx:
         try:
             dump.dump_pass_filter_from_env()
-            optimized = redist_opt.optimize(naive, groups=args.groups, cost=model, prefer=args.prefer)
+            # Without --cost-model / --devices-per-host the pipeline resolves the same
+            # model itself, and records where it came from in the plan (and the dumps).
+            given = None if args.cost_model is None and args.devices_per_host is None else model
+            optimized = redist_opt.optimize(naive, groups=args.groups, cost=given, prefer=args.prefer)
         except ValueError as e:
             if isinstance(e, RedistributeError) or dump.DUMP_PASSES_ENV in str(e):
                 raise CliError(str(e)) from None
@@ -106,7 +112,7 @@ def cmd_explain(args) -> int:
     if args.mesh_svg:
         _explain_write("--mesh-svg", args.mesh_svg, lambda: visualize.mesh_svg(spec, plans))
 
-    kwargs = dict(cost_model=model, groups=args.groups, rank_limit=args.rank_lists)
+    kwargs = dict(cost_model=model, groups=args.groups, rank_limit=args.rank_lists, cost_source=source)
     if args.format == "json":
         print(json.dumps(dump.explain_data(naive, optimized, **kwargs), indent=2))
     elif args.format == "dot":
@@ -168,15 +174,25 @@ def _load_profile(flag: str, profile: str):
         raise CliError(f"{flag}: {e}") from None
 
 
-def _explain_cost_model(profile: str, devices_per_host: int | None):
+def _explain_cost_model(profile: str | None, devices_per_host: int | None, spec=None):
+    """(model, where it came from): --cost-model, else $REDIST_OPT_COST_PROFILE or --backend."""
     import dataclasses
 
-    model = _load_profile("--cost-model", profile)
+    from redist_opt.cost import resolve
+
+    if profile is None:
+        try:
+            model, source = resolve(spec)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+    else:
+        model, source = _load_profile("--cost-model", profile), f"--cost-model {profile}"
     if devices_per_host is not None:
         if devices_per_host < 1:
             raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
         model = dataclasses.replace(model, devices_per_host=devices_per_host)
-    return model
+        source += f", --devices-per-host {devices_per_host}"
+    return model, source
 
 
 def _explain_env(name: str, value: str):
@@ -404,8 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="communicators merged collectives may use (default existing)")
     ex.add_argument("--devices-per-host", type=int, metavar="N",
                     help="ranks per host for the cost model (consecutive ranks share a host)")
-    ex.add_argument("--cost-model", default="nccl", metavar="PROFILE",
-                    help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default nccl)")
+    ex.add_argument("--backend", metavar="NAME",
+                    help="process-group backend the plan is for (gloo, nccl, fake): picks the cost "
+                         "profile when --cost-model is not given")
+    ex.add_argument("--cost-model", default=None, metavar="PROFILE",
+                    help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default: "
+                         "$REDIST_OPT_COST_PROFILE, else the --backend's profile, else nccl)")
     ex.add_argument("--prefer", default="time", choices=["time", "consistency"],
                     help="time (default: merge where the cost model says it pays) or consistency "
                     "(merge every reduction a group allows: bitwise-equal replicas)")

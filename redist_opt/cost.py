@@ -11,16 +11,20 @@ Interface used by the passes (keep it stable):
         group: MeshGroup; nbytes: bytes each rank feeds in; mesh: MeshSpec
     model.plan_time(plan) -> seconds       # sum over the plan's collectives
     model.group_creation_time(group, mesh) -> seconds (paid once under groups="create")
+    resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
+        # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
+        # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 
-__all__ = ["CostModel", "PROFILE_FORMAT", "KINDS", "steps_and_bytes"]
+__all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile"]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
 PROFILE_FORMAT = "redist_opt.cost/1"
@@ -216,3 +220,57 @@ class CostModel:
         return sum(
             self.collective_time(c.kind, c.group, c.bytes_in, plan.mesh) for c in plan.collectives()
         )
+
+
+# -- which profile a plan uses ----------------------------------------------------------
+
+# Names a cost profile for every plan optimized without ``cost=``: a JSON file
+# written by ``redist-opt calibrate`` (or ``CostModel.save``), or a built-in name.
+PROFILE_ENV = "REDIST_OPT_COST_PROFILE"
+BUILTIN_PROFILES = ("nccl", "gloo")
+
+
+def backend_profile(backend: str | None) -> str:
+    """The built-in profile for a process-group backend: ``gloo`` for gloo, else ``nccl``.
+
+    ``backend`` is what ``MeshSpec.backend`` records (``torch.distributed.get_backend``
+    of the mesh's groups for the mesh's device type): nccl, the ``fake`` test
+    backend and anything unknown get the default (NCCL-like) profile.
+    """
+    return "gloo" if backend == "gloo" else "nccl"
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, mtime_ns: int, size: int) -> CostModel:
+    return CostModel.load(path)
+
+
+def resolve(mesh=None) -> tuple[CostModel, str]:
+    """(model, where it came from) for a plan on ``mesh`` when the caller gave no ``cost=``.
+
+    1. ``$REDIST_OPT_COST_PROFILE``: a profile file (or ``nccl`` / ``gloo``); a file
+       that cannot be read or parsed raises ``ValueError`` naming the variable;
+    2. else the profile of the mesh's backend (``MeshSpec.backend``): gloo -> ``gloo``;
+    3. else the default (``nccl``).
+
+    Every rank reads the same environment and backend, so every rank gets the same model.
+    """
+    value = os.environ.get(PROFILE_ENV, "").strip()
+    if value:
+        if value in BUILTIN_PROFILES:
+            return CostModel.profile(value), f"{PROFILE_ENV}={value}"
+        try:
+            st = os.stat(value)
+            model = _load_cached(os.path.abspath(value), st.st_mtime_ns, st.st_size)
+        except OSError as e:
+            raise ValueError(
+                f"{PROFILE_ENV}={value!r}: cannot read the cost profile: {e.strerror or e} "
+                f"(give a JSON file written by `redist-opt calibrate`, or one of {', '.join(BUILTIN_PROFILES)})"
+            ) from None
+        except ValueError as e:
+            raise ValueError(f"{PROFILE_ENV}={value!r}: {e}") from None
+        return model, f"{PROFILE_ENV}={value}"
+    backend = getattr(mesh, "backend", None)
+    if backend is not None:
+        return CostModel.profile(backend_profile(backend)), f"mesh backend {backend}"
+    return CostModel.default(), "default: no backend known"

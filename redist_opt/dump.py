@@ -25,7 +25,8 @@ change to the meaning of a field bumps the version)::
         "shape": [8, 4], "dtype": "float32",
         "groups": "existing"                               # groups policy, or null if unknown
       },
-      "cost_model": {"name": "nccl", "devices_per_host": 8, "algorithm": "tree"}
+      "cost_model": {"name": "nccl", "devices_per_host": 8, "algorithm": "tree",
+                     "source": "mesh backend nccl"}    # where the profile came from
                     # or null when no model was given (then every "time_s" is null)
       "plans": {"naive": PLAN, "optimized": PLAN},
       "ratio": {"collectives": 1.5, "bytes_per_rank": 1.67, "time": 1.5},
@@ -181,6 +182,8 @@ def format_plan(plan) -> str:
         )
     if plan.applied_passes:
         lines.append("  passes that changed the plan: " + ", ".join(plan.applied_passes))
+    if plan.cost_profile:
+        lines.append(f"  cost model: {plan.cost_profile}")
     for note in plan.notes:
         lines.append("  " + _note_str({"pass": note.pass_name, "made": note.made, "what": note.what, "reason": note.reason}))
     lines.append(format_graph(plan))
@@ -315,6 +318,7 @@ def explain_data(
     cost_model=None,
     groups: str | None = None,
     rank_limit: int = DEFAULT_RANK_LIMIT,
+    cost_source: str | None = None,
 ) -> dict:
     """Everything ``explain`` reports, as a JSON-able dict (schema in the module docstring)."""
     mesh = naive.mesh
@@ -324,6 +328,7 @@ def explain_data(
             "name": getattr(cost_model, "name", type(cost_model).__name__),
             "devices_per_host": getattr(cost_model, "devices_per_host", None),
             "algorithm": getattr(cost_model, "algorithm", None),
+            "source": cost_source or _cost_source(optimized, cost_model),
         }
     n = _plan_data(naive, cost_model, rank_limit)
     o = _plan_data(optimized, cost_model, rank_limit)
@@ -354,6 +359,15 @@ def explain_data(
             for note in optimized.notes
         ],
     }
+
+
+def _cost_source(optimized, cost_model) -> str:
+    """Where the model came from, as the pipeline recorded it ("gloo (mesh backend gloo)")."""
+    rec = getattr(optimized, "cost_profile", None) or ""
+    name = getattr(cost_model, "name", "")
+    if rec.startswith(f"{name} (") and rec.endswith(")"):
+        return rec[len(name) + 2 : -1]
+    return "given"
 
 
 def explain_json(naive, optimized, **kwargs) -> str:
@@ -438,13 +452,16 @@ def format_explain(
     rank_limit: int = DEFAULT_RANK_LIMIT,
     show_ir: bool = True,
     data: dict | None = None,
+    cost_source: str | None = None,
 ) -> str:
     """The text ``redist-opt explain`` prints: both plans, totals and ratio, notes, IR.
 
     Without ``cost_model`` the time column and the time ratio are left out (the
     golden tests use that, so a recalibrated model does not churn them).
     """
-    d = data or explain_data(naive, optimized, cost_model=cost_model, groups=groups, rank_limit=rank_limit)
+    d = data or explain_data(
+        naive, optimized, cost_model=cost_model, groups=groups, rank_limit=rank_limit, cost_source=cost_source
+    )
     with_time = d["cost_model"] is not None
     req = d["request"]
     flat = ", ".join(req["mesh"]["flattened"]) or "none"
@@ -457,7 +474,8 @@ def format_explain(
         cm = d["cost_model"]
         dph = cm["devices_per_host"]
         hosts = "all ranks on one host" if dph is None else f"{dph} devices per host"
-        lines.append(f"cost model: {cm['name']} ({cm['algorithm']} algorithms, {hosts})")
+        source = f"; {cm['source']}" if cm.get("source") else ""
+        lines.append(f"cost model: {cm['name']} ({cm['algorithm']} algorithms, {hosts}{source})")
     lines.append("")
     lines += _plan_section("naive plan (DTensor's greedy planner, merge pass disabled)", d["plans"]["naive"], with_time)
     lines.append("")

@@ -14,6 +14,12 @@ Op set (every op takes the local tensor first)::
     narrow(x, dim, start, length)                 keep [start, start+length) of dim
     select_chunk(x, dim, n, index)                chunk `index` of torch.chunk(x, n, dim), cloned
     divide(x, divisor)                            x / divisor (R -> P(sum), P(avg) scaling)
+    unpack_blocks(x, dim, counts, blocks, *lengths)
+                                                  reassemble an all_gather of padded blocks along dim:
+                                                  slot k (row-major over counts) holds the block at
+                                                  the nested chunk index, per tensor dim t of
+                                                  blocks = ((t, positions), ...), given by the slot
+                                                  coordinates at positions; t gets lengths[i]
 
 Sizes, starts and indices are sympy expressions in the mesh coordinates
 (``redist_opt.symbolic``): one graph serves every rank. Each node carries
@@ -132,6 +138,14 @@ def divide(shape, divisor: int):
     return shape
 
 
+@_ir_op("unpack_blocks", collective=False)
+def unpack_blocks(shape, dim: int, counts: tuple, blocks: tuple, *lengths):
+    out = shape
+    for (t, _positions), length in zip(blocks, lengths):
+        out = _set(out, t, length)
+    return out
+
+
 OPS = {
     op.ir_name: op
     for op in (
@@ -145,6 +159,7 @@ OPS = {
         narrow,
         select_chunk,
         divide,
+        unpack_blocks,
     )
 }
 COLLECTIVES = frozenset(name for name, op in OPS.items() if op.is_collective)

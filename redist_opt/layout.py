@@ -121,6 +121,13 @@ def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
     return out
 
 
+def ranks_ascending(device_mesh) -> bool:
+    """Whether the root's rank map lists global ranks in ascending order (so a
+    communicator's rank order, ascending global rank, is ascending rank index)."""
+    rank_map = tuple(int(r) for r in device_mesh._get_root_mesh()._flatten_rank_map)
+    return all(a < b for a, b in zip(rank_map, rank_map[1:]))
+
+
 def root_index_space(device_mesh) -> int:
     """Size of the root mesh's rank map (the index space layouts live in)."""
     root = device_mesh._get_root_mesh()

@@ -135,6 +135,9 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
     if not dims:
         return  # DTensor short-cuts single-rank mesh dims: no op at all
     b.step = step
+    custom = getattr(step, "lower", None)
+    if custom is not None:  # a step a pass defines lowers itself (passes/merge_gathers_across_dims.py)
+        return custom(b, mesh)
     group = mesh.group(dims)
     counts = tuple(mesh.sizes[d] for d in dims)
     coords = tuple(sym.coord(d) for d in dims)

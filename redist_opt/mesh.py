@@ -73,6 +73,12 @@ class MeshSpec:
     flattened: tuple = ()
     dim_layouts: tuple | None = None
     index_space: int | None = None
+    # The process-group backend of the mesh's groups ("gloo", "nccl", "fake", ...), None
+    # when unknown (rank-free specs); picks the cost profile (``redist_opt.cost.resolve``).
+    backend: str | None = None
+    # Whether the root's rank map lists global ranks in ascending index order (True for
+    # init_device_mesh and rank-free specs); see ``rank_order``.
+    ranks_ascending: bool = True
     # Collapsed layouts of every flattened group that exists, derived in __post_init__.
     flattened_layouts: frozenset = dataclasses.field(default=frozenset(), compare=False)
 
@@ -108,7 +114,7 @@ class MeshSpec:
         object.__setattr__(self, "flattened_layouts", frozenset(layouts))
         # Plans are cached by MeshSpec: hash once, not on every lookup.
         object.__setattr__(
-            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts))
+            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts, self.backend, self.ranks_ascending))
         )
 
     def __hash__(self) -> int:
@@ -124,6 +130,8 @@ class MeshSpec:
             flattened=tuple(L.known_communicators(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
+            backend=_backend_of(device_mesh),
+            ranks_ascending=L.ranks_ascending(device_mesh),
         )
 
     # -- queries ------------------------------------------------------------
@@ -183,6 +191,32 @@ class MeshSpec:
             )
         return cache[dims]
 
+    def rank_order(self, dims: Sequence[int]) -> tuple[int, ...] | None:
+        """The order of ``dims`` (size-1 dims dropped) in which a communicator over
+        them lists its ranks, or None when no order of whole dims does.
+
+        c10d sorts a new group's ranks, so every communicator (a dim's group, a
+        flattened mesh, the world group) ranks its members by ascending global rank:
+        as mesh dims, the dims by decreasing stride, when their modes do not
+        interleave. On a row-major mesh that is ascending mesh-dim order; on a
+        column-major layout the reverse. Layouts index the root's rank map: when that
+        map is not ascending (an explicit permuted rank tensor) the order is unknown.
+        """
+        real = [d for d in dims if self.sizes[d] > 1]
+        order = tuple(sorted(real, key=lambda d: (-max(self.dim_layouts[d].stride), d)))
+        if len(order) <= 1:
+            return order
+        if not self.ranks_ascending:
+            return None  # layouts index the rank map, whose order we do not model
+        layout = self.group(order).layout
+        modes = [(s, t) for s, t in zip(layout.shape, layout.stride) if s > 1]
+        span = 0  # largest offset the faster modes reach
+        for s, t in reversed(modes):
+            if t <= span:
+                return None
+            span += (s - 1) * t
+        return order
+
     def group_exists(self, group: MeshGroup) -> bool:
         """A group exists when it is one mesh dim or some flattened mesh has its layout."""
         if len([d for d in group.dims if self.sizes[d] > 1]) <= 1:
@@ -192,3 +226,26 @@ class MeshSpec:
     def with_flattened(self, groups: Iterable) -> "MeshSpec":
         """The same mesh with more flattened groups available."""
         return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))
+
+
+def _backend_of(device_mesh) -> str | None:
+    """The backend name of the mesh's process groups for its device type, or None.
+
+    ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
+    mesh's device type picks one. Dims on different backends give None.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    found = set()
+    try:
+        for d in range(device_mesh.ndim):
+            name = str(dist.get_backend(device_mesh.get_group(d)))
+            if ":" in name:  # "cpu:gloo,cuda:nccl"
+                per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+                name = per_device.get(device_mesh.device_type, name)
+            found.add(name)
+    except (RuntimeError, ValueError):
+        return None
+    return found.pop() if len(found) == 1 else None

@@ -12,6 +12,7 @@ import itertools
 from torch.fx.passes.infra.pass_manager import PassManager
 
 from . import ir
+from .cost import resolve as resolve_cost
 from .dump import dump_dir_from_env, plan_tag, write_pass_dump
 from .placements import RedistributeError
 from .plan import Plan
@@ -22,10 +23,14 @@ __all__ = ["run_pipeline"]
 def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="time") -> Plan:
     groups_key = groups if isinstance(groups, str) else tuple(groups)
     pass_key = None if passes is None else tuple(passes)
+    if cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
+        cost, source = resolve_cost(p.mesh)
+    else:
+        source = "passed as cost="
     dump_dir = dump_dir_from_env()
     if dump_dir is not None:  # dumping: run uncached, so every run writes its files
-        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, dump_dir)
-    return _run_cached(p, groups_key, pass_key, cost, prefer)
+        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, source, dump_dir)
+    return _run_cached(p, groups_key, pass_key, cost, prefer, source)
 
 
 class _Tracked:
@@ -46,10 +51,8 @@ class _Tracked:
 
 
 @functools.lru_cache(maxsize=4096)
-def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
+def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) -> Plan:
     from .passes import DEFAULT_PIPELINE, PassContext
-
-    from .cost import CostModel
 
     pass_classes = DEFAULT_PIPELINE if passes is None else list(passes)
     if not pass_classes:
@@ -60,9 +63,10 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
         src=p.src,
         dtype=p.dtype,
         groups=groups,
-        cost=cost or CostModel.default(),
+        cost=cost,
         prefer=prefer,
     )
+    profile = f"{cost.name} ({source})"
     changed: list[str] = []
     expected = ir.local_shape(p.shape, p.dst, p.mesh.sizes)
 
@@ -77,7 +81,9 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
         pipeline_name = f"default_{plan_tag(p)}"
 
         def on_change(pass_name, gm):
-            snapshot = p.replace(graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes))
+            snapshot = p.replace(
+                graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
+            )
             write_pass_dump(dump_dir, next(seq), pipeline_name, pass_name, snapshot)
 
         on_change(None, p.graph)  # NNNN.<pipeline>.before_pipeline
@@ -91,4 +97,6 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, dump_dir=None) -> Plan:
         if isinstance(e.__cause__, RedistributeError):
             raise e.__cause__ from None
         raise
-    return p.replace(graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes))
+    return p.replace(
+        graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
+    )

@@ -68,6 +68,8 @@ class Plan:
     # Passes that ran and changed the IR, in order, and merges that were not made.
     applied_passes: tuple[str, ...] = ()
     notes: tuple[Note, ...] = ()
+    # The cost model the passes used and where it came from ("gloo (mesh backend gloo)").
+    cost_profile: str | None = None
 
     @property
     def fallback(self) -> bool:

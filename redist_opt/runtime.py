@@ -168,7 +168,52 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
     if name == "divide":
         (divisor,) = params
         return t / divisor
+    if name == "unpack_blocks":
+        dim, counts, blocks, *lengths = params
+        return _unpack_blocks(t, dim, counts, blocks, lengths)
     raise AssertionError(f"unknown local op {name}")
+
+
+def _unpack_blocks(t: torch.Tensor, dim: int, counts, blocks, lengths) -> torch.Tensor:
+    """Reassemble an all_gather of padded blocks (the ``unpack_blocks`` IR op).
+
+    Slot k of ``dim`` (row-major over ``counts``, the gathering group's dims) holds
+    one rank's block padded to the largest; for each ``(tensor dim, positions)`` of
+    ``blocks`` the slot's coordinates at ``positions`` (outermost first) are the
+    nested chunk index of its piece along that tensor dim. Each block is narrowed
+    to its true piece sizes and the pieces are concatenated in chunk order.
+    """
+    n = math.prod(counts)
+    slot = t.size(dim) // n
+    sizes = {
+        tdim: sym.nested_chunk_sizes(int(length), [counts[p] for p in pos])
+        for (tdim, pos), length in zip(blocks, lengths)
+    }
+
+    def block(pieces: dict) -> torch.Tensor:
+        coord = [0] * len(counts)
+        for tdim, pos in blocks:
+            k = pieces[tdim]
+            for p in reversed(pos):
+                coord[p], k = k % counts[p], k // counts[p]
+        index = 0
+        for c, m in zip(coord, counts):
+            index = index * m + c
+        b = t.narrow(dim, index * slot, slot)
+        for tdim, _ in blocks:
+            size = sizes[tdim][pieces[tdim]]
+            if size != b.size(tdim):
+                b = b.narrow(tdim, 0, size)
+        return b
+
+    def build(level: int, pieces: dict) -> torch.Tensor:
+        if level == len(blocks):
+            return block(pieces)
+        tdim, _ = blocks[level]
+        parts = [build(level + 1, {**pieces, tdim: k}) for k in range(len(sizes[tdim]))]
+        return torch.cat(parts, dim=tdim)
+
+    return build(0, {}).contiguous()
 
 
 def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:

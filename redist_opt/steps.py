@@ -149,6 +149,11 @@ class ShardState:
         return ShardState({t: list(ds) for t, ds in self.order.items()})
 
     def apply(self, step: ir.StepInfo, mesh: MeshSpec) -> None:
+        parts = getattr(step, "parts", None)
+        if parts:  # one all_gather of several tensor dims (merge-gathers-across-dims)
+            for tdim, dims in parts:
+                self.apply(ir.StepInfo(step.index, tuple(dims), Shard(tdim), step.dst, ()), mesh)
+            return
         real = tuple(d for d in step.mesh_dims if mesh.sizes[d] > 1)
         if step.src.is_shard():
             dims = self.order.get(step.src.dim, [])

@@ -208,6 +208,15 @@ MESHES: dict[str, MeshFactory] = {
         # 3-D
         MeshFactory("2x2x2", 8, _init((2, 2, 2), ("a", "b", "c"))),
         MeshFactory("2x2x2x2", 16, _init((2, 2, 2, 2), ("a", "b", "c", "d"))),
+        # used with groups="create" only (created flattened groups stay on the root)
+        MeshFactory("2x8", 16, _init((2, 8), ("a", "b"))),
+        MeshFactory("2x4x2", 16, _init((2, 4, 2), ("a", "b", "c"))),
+        # column-major 2x8: a+b is not the world's rank order, so groups="create" creates it
+        MeshFactory(
+            "colmajor2x8",
+            16,
+            _explicit(lambda: torch.arange(16).reshape(8, 2).T.contiguous(), ("a", "b")),
+        ),
         # size-1 mesh dims
         MeshFactory("1x4", 4, _init((1, 4), ("a", "b"))),
         MeshFactory("2x1x2", 4, _init((2, 1, 2))),
@@ -471,6 +480,7 @@ class Outcome:
     tb: str = ""
     counts: Counter = dataclasses.field(default_factory=Counter)
     total: int = 0
+    optimized: "Outcome | None" = None  # check_case: the optimized run's outcome
 
     def describe_error(self) -> str:
         return f"{type(self.error).__name__}: {self.error}"
@@ -533,6 +543,7 @@ def run_candidate(
     via: str = "function",
     pass_mesh: bool = False,
     passes=None,
+    groups: str = "existing",
     **kwargs,
 ) -> Outcome:
     """redist_opt on the input; ``passes=()`` runs DTensor's own plan (no optimization)."""
@@ -545,10 +556,11 @@ def run_candidate(
                 if pass_mesh:
                     kwargs["device_mesh"] = inp.mesh
                 o.out = redist_opt.redistribute(
-                    inp.dt, list(dst), groups="existing", passes=passes, **kwargs
+                    inp.dt, list(dst), groups=groups, passes=passes, **kwargs
                 )
             elif via == "enabled":
-                with redist_opt.enabled(groups="existing", passes=passes):
+                extra = {"cost": kwargs.pop("cost")} if "cost" in kwargs else {}
+                with redist_opt.enabled(groups=groups, passes=passes, **extra):
                     o.out = inp.dt.redistribute(inp.mesh, list(dst), **kwargs)
             else:
                 raise AssertionError(via)
@@ -608,10 +620,13 @@ def check_case(
     check_counts: bool = True,
     sanity: bool = True,
     seed: int | None = None,
+    groups: str = "existing",
+    cost=None,
 ) -> Outcome:
     """Run the oracle and redist_opt on the same input and compare everything.
 
-    Returns the oracle's Outcome (for callers that want the counts)."""
+    ``groups`` and ``cost`` go to the optimized run. Returns the oracle's Outcome
+    (for callers that want the counts) with ``.optimized``, the optimized run's."""
     if isinstance(mesh_factory, str):
         mesh_factory = MESHES[mesh_factory]
     ensure_fake_pg()
@@ -630,7 +645,8 @@ def check_case(
         inp = build_input(mesh, lm, src_p, shape, dtype, seed)
         ref = run_oracle(inp, dst_p, **kwargs)
         cand = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, passes=(), **kwargs)
-        opt = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, **kwargs)
+        opt_kwargs = dict(kwargs, cost=cost) if cost is not None else kwargs
+        opt = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, groups=groups, **opt_kwargs)
     _assert_input_unchanged(inp, "torch (oracle) or redist_opt")
     if ref.error is None and sanity and mesh_factory.global_check:
         oracle_sanity(inp, ref.out, shape, dst_p)
@@ -642,6 +658,7 @@ def check_case(
     compare(ref, cand, check_counts=check_counts)
     linear = any(p.is_partial() and p.reduce_op in ("sum", "avg") for p in src_p)
     compare(ref, opt, check_counts=check_counts, optimized=True, linear_reductions=linear)
+    ref.optimized = opt
     return ref
 
 

@@ -97,7 +97,7 @@ def test_json_schema_keys_are_stable(capsys):
     data = json.loads(out)
     assert set(data) == {"schema", "request", "cost_model", "plans", "ratio", "notes"}
     assert set(data["request"]) == {"mesh", "src", "dst", "shape", "dtype", "groups"}
-    assert set(data["cost_model"]) == {"name", "devices_per_host", "algorithm"}
+    assert set(data["cost_model"]) == {"name", "devices_per_host", "algorithm", "source"}
     assert set(data["ratio"]) == {"collectives", "bytes_per_rank", "time"}
     for p in data["plans"].values():
         assert set(p) == {"fallback_reason", "applied_passes", "num_collectives", "bytes_per_rank", "time_s",

@@ -16,7 +16,10 @@
    up to 625 ranks): under the default cost profile the optimized plan never
    issues more collectives nor more bytes per rank than torch 2.13 with its
    merge pass (``oracle_torch_merge.torch_model``) given the same flattened
-   groups; under ``groups="existing"`` it needs only groups that exist.
+   groups; where merge-reductions-into-all-reduce chose one fat all_reduce
+   (bytes traded for launches) "more bytes" becomes "more modelled time under
+   the cost model in use"; under ``groups="existing"`` it needs only groups
+   that exist.
 
 Example counts are fixed per test (``N_EXEC``, ``N_PLAN``; 6,000 in total, at
 least 2,000 required; the environment variables REDIST_OPT_N_EXEC and
@@ -60,6 +63,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 import redist_opt
 import redist_opt.api
+import redist_opt.cost
 
 # Hypothesis profiles. "ci" (the default here, and what .ci/run asks for with
 # HYPOTHESIS_PROFILE=ci): deterministic (derandomize), no deadline (a mesh built
@@ -86,6 +90,7 @@ SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])  # uneven and zero-size
 
 RAN: Counter = Counter()  # examples each property ran (shrinking replays included)
 SECONDS: Counter = Counter()
+TRADED: Counter = Counter()  # plans where one fat all_reduce traded bytes for launches
 REFERENCE_CHECKED: list[str] = []  # torch failed inside the simulation: checked vs the reference
 
 
@@ -245,6 +250,10 @@ def test_plan_never_worse_than_torch(req, dtype):
         check_plan(req, dtype)
 
 
+# The pass that may trade bytes for launches (issue 10, item 5).
+LATENCY_TRADE = "merge-reductions-into-all-reduce"
+
+
 def check_plan(req, dtype) -> None:
     names = MeshPool.names(len(req["sizes"]))
     spec = redist_opt.MeshSpec(req["sizes"], names, flattened=list(req["flattened"]))
@@ -256,7 +265,17 @@ def check_plan(req, dtype) -> None:
             f"torch 2.13 {model.describe()} ({[v.bytes_per_rank for v in model.variants]} B), "
             f"naive {signature(p)}")
     assert ours.num_collectives <= model.min_collectives, f"more collectives than torch: {what}"
-    assert ours.bytes_per_rank <= model.min_bytes_per_rank, f"more bytes per rank than torch: {what}"
+    if LATENCY_TRADE in ours.applied_passes:
+        # One all_reduce in place of reduce_scatters + all_reduces trades bytes for
+        # launches: there the bound is modelled time under the cost model in use.
+        TRADED["test_plan_never_worse_than_torch"] += 1
+        cost, _ = redist_opt.cost.resolve(spec)
+        ours_t, torch_t = cost.plan_time(ours), min(cost.plan_time(v) for v in model.variants)
+        assert ours_t <= torch_t * (1 + 1e-9), (
+            f"more modelled time than torch under {cost.name}: {ours_t * 1e6:.2f}us > {torch_t * 1e6:.2f}us: {what}"
+        )
+    else:
+        assert ours.bytes_per_rank <= model.min_bytes_per_rank, f"more bytes per rank than torch: {what}"
     if req["policy"] == "existing":
         missing = [g for g in ours.groups_needed() if not spec.group_exists(g)]
         assert not missing, f"groups='existing' plan needs groups that do not exist {missing}: {what}"
@@ -329,6 +348,8 @@ class _CountsReport:
         for k, v in sorted(RAN.items()):
             tr.write_line(f"{k}: {v} examples ({SECONDS[k]:.1f}s in the test bodies)")
         tr.write_line(f"total: {sum(RAN.values())} examples")
+        for k, v in sorted(TRADED.items()):
+            tr.write_line(f"{k}: {v} plans traded bytes for launches (bounded by modelled time)")
         if REFERENCE_CHECKED:
             tr.write_line(f"{len(REFERENCE_CHECKED)} checked against the independent reference "
                           "(torch failed inside the LocalTensorMode simulation)")

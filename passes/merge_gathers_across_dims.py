@@ -1,0 +1,266 @@
+"""merge-gathers-across-dims: all_gathers of *different* tensor dims -> one all_gather + reassembly.
+
+``S(0),S(1) -> R,R`` (FSDP x TP weights gathered for clipping or a checkpoint)
+is two all_gathers, one per tensor dim. Each rank's block is
+``x[chunk c_a of dim 0, chunk c_b of dim 1]``; one all_gather of the blocks over
+a group for both mesh dims, then a local reassembly, gives the same tensor.
+
+Rewrite (2x8 mesh, a (5,7) tensor, a group for a+b available)::
+
+    pad_to(x, 1, 1); all_gather({b}, 1); narrow(1, 0, 7);
+    pad_to(_, 0, 3); all_gather({a}, 0); narrow(0, 0, 5)
+  =>
+    pad_to(x, 0, 3); pad_to(_, 1, 1); all_gather({a+b (16,):(1,)}, 0);
+    unpack_blocks(0, (2, 8), ((0, (0,)), (1, (1,))), 5, 7)
+
+Every rank pads its block to the largest block (uneven shards), the gather lays
+the blocks along dim 0 in the group's rank order, and ``unpack_blocks`` reads
+each slot's mesh coordinates as nested chunk indices (slot k of group (a, b) is
+the block at chunk ``k // 8`` of dim 0 and ``k % 8`` of dim 1), narrows it to
+its true size and concatenates the pieces in chunk order.
+
+Legality:
+
+1. the all_gathers are adjacent and span pairwise disjoint mesh dims (so they
+   commute: ``steps.commute`` holds for gathers of different tensor dims, and
+   gathers of one tensor dim compose as a nested gather); the merged block
+   gathers at least two tensor dims (one tensor dim alone is merge-all-gathers);
+2. for each tensor dim ``t``, the block's mesh dims on ``t`` (outermost first)
+   are the innermost sharding dims of ``t`` in the shard order before the block,
+   so a rank's piece along ``t`` is the nested chunk of ``t``'s logical size at
+   its coordinates over those dims (checked on the shard state; DTensor's greedy
+   order always satisfies it);
+3. a communicator over the union of the mesh dims is available under the groups
+   policy, whatever layout names it: a communicator ranks its members by
+   ascending global rank (c10d sorts them), so the gathered slots come in
+   ``MeshSpec.rank_order`` of the dims (dims by decreasing stride; the merge is
+   not made when their modes interleave), and ``unpack_blocks`` maps that slot
+   order to chunk indices;
+4. uneven sizes are exact: every gathered dim is padded to its largest nested
+   piece (uniform within the group: it depends only on coordinates outside it),
+   and each piece is narrowed to the size DTensor defines for it. Data is only
+   moved, never combined, so the result is bitwise DTensor's.
+
+The merge is made where the cost model says one all_gather is cheaper than the
+ones it replaces (``_merge.choose``: cheapest contiguous split, never more bytes
+in than separately). Under a ring model (gloo) one gather over p ranks has p-1
+latency steps against (a-1)+(b-1) separately, so it rarely pays there; under the
+tree/launch-bound default profile it does.
+
+Not done: gathers interleaved with all_to_alls or local chunks; reassembly by a
+pure reshape/permute (the even case also goes through narrow + cat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from torch.distributed.tensor.placement_types import Replicate, Shard
+from torch.fx.passes.infra.pass_base import PassResult
+
+from . import _merge
+from .context import RedistPass
+from redist_opt import ir
+from redist_opt import steps as S
+from redist_opt import symbolic as sym
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherBlocksStep(ir.StepInfo):
+    """One all_gather that unshards several tensor dims: ``parts`` lists, per tensor
+    dim, the mesh dims (outermost first) it is gathered over. ``mesh_dims`` is the
+    group's dim order; ``logical_shape`` the sizes after the step."""
+
+    parts: tuple = ()
+
+    @functools.cached_property
+    def tensor_dims(self) -> frozenset[int]:
+        return frozenset(t for t, _ in self.parts)
+
+    def lower(self, b: ir.GraphBuilder, mesh) -> None:
+        group_dims = tuple(d for d in self.mesh_dims if mesh.sizes[d] > 1)
+        # The gathered slots come in the communicator's rank order (ascending global
+        # rank), which need not be the order of the layout that names the group.
+        slot_dims = mesh.rank_order(group_dims)
+        assert slot_dims is not None and set(slot_dims) == set(group_dims), group_dims
+        counts = tuple(mesh.sizes[d] for d in slot_dims)
+        blocks, lengths = [], []
+        for t, dims in sorted(self.parts):
+            real = tuple(d for d in dims if mesh.sizes[d] > 1)
+            if not real:
+                continue
+            length = self.logical_shape[t]
+            pieces = tuple(mesh.sizes[d] for d in real)
+            if not sym.is_divisible(length, math.prod(pieces), mesh.sizes):
+                b.emit("pad_to", t, sym.nested_max_chunk(length, pieces))
+            blocks.append((t, tuple(slot_dims.index(d) for d in real)))
+            lengths.append(length)
+        gather_dim = blocks[0][0]
+        b.emit("all_gather", mesh.group(group_dims), gather_dim)
+        b.emit("unpack_blocks", gather_dim, counts, tuple(blocks), *lengths)
+
+
+def _parts(step: ir.StepInfo) -> tuple:
+    return getattr(step, "parts", None) or ((step.src.dim, tuple(step.mesh_dims)),)
+
+
+class MergeGathersAcrossDims(RedistPass):
+    name = "merge-gathers-across-dims"
+
+    def call(self, graph_module):
+        regs = S.regions(graph_module)
+        found = self._runs(regs)
+        if not found:
+            return PassResult(graph_module, False)
+        mesh = self.ctx.mesh
+        states = S.states_before(regs, self.ctx.src, mesh)
+        new_steps: list[ir.StepInfo] = []
+        provenance: list[tuple[str, ...]] = []
+        changed, cursor = False, 0
+
+        def keep(rs):
+            for r in rs:
+                new_steps.append(r.step)
+                provenance.append(r.inherited)
+
+        for start, end in found:
+            keep(regs[cursor:start])
+            cursor = end
+            run = regs[start:end]
+            labels = " + ".join(S.step_label(r.step, mesh) for r in run)
+            bad = self._misordered(run, states[start])
+            if bad is not None:
+                self.note(False, labels, bad)
+                keep(run)
+                continue
+            best, tried = _merge.choose(
+                self,
+                self._partitions(run),
+                lambda members: tuple(sorted(d for m in members for d in run[m].step.mesh_dims)),
+                lambda members: self._block_bytes(run, members, states[start]),
+                "all_gather",
+                True,
+            )
+            if all(len(b.members) == 1 for b in best):
+                whole = tried.get(tuple(range(len(run))))
+                why = "separate collectives are cheaper under the cost model"
+                if whole is not None and whole.choice is None:
+                    why = whole.why
+                self.note(False, labels, why)
+                keep(run)
+                continue
+            changed = True
+            for b in sorted(best, key=lambda b: b.members):
+                members = [run[m] for m in b.members]
+                if len(members) == 1:
+                    keep(members)
+                    continue
+                step = self._merged(members, b.dims, states[start + b.members[0]])
+                self.note(
+                    True,
+                    " + ".join(S.step_label(m.step, mesh) for m in members) + f" -> {S.step_label(step, mesh)}",
+                    b.why + "; blocks reassembled locally (unpack_blocks)",
+                )
+                new_steps.append(step)
+                provenance.append(tuple(n for m in members for n in m.origin))
+        keep(regs[cursor:])
+        if not changed:
+            return PassResult(graph_module, False)
+        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+
+    # -- legality ---------------------------------------------------------------------
+
+    @staticmethod
+    def _runs(regs):
+        """Maximal runs of adjacent all_gathers over disjoint mesh dims touching >= 2 tensor dims."""
+        out, i = [], 0
+        while i < len(regs):
+            if regs[i].step.kind != "all_gather":
+                i += 1
+                continue
+            j, used = i + 1, set(regs[i].step.mesh_dims)
+            while (
+                j < len(regs)
+                and regs[j].step.kind == "all_gather"
+                and not used & set(regs[j].step.mesh_dims)
+                # gathers of other tensor dims commute (steps.commute); gathers of the
+                # same tensor dim (one merge key) compose as one nested gather
+                and all(
+                    S.commute(r.step, regs[j].step) is None or S.merge_key(r.step) == S.merge_key(regs[j].step)
+                    for r in regs[i:j]
+                )
+            ):
+                used |= set(regs[j].step.mesh_dims)
+                j += 1
+            if len({t for r in regs[i:j] for t, _ in _parts(r.step)}) >= 2:
+                out.append((i, j))
+            i = j
+        return out
+
+    @staticmethod
+    def _dims_by_tensor_dim(members) -> dict[int, tuple[int, ...]]:
+        """Per tensor dim, the mesh dims the members gather it over, outermost first
+        (gathers unshard the innermost dims first, so later members are outer)."""
+        out: dict[int, tuple[int, ...]] = {}
+        for r in members:
+            for t, dims in _parts(r.step):
+                out[t] = tuple(dims) + out.get(t, ())
+        return out
+
+    def _misordered(self, run, state) -> str | None:
+        """Condition 2 for the whole run (then it holds for every contiguous block)."""
+        mesh = self.ctx.mesh
+        for t, dims in self._dims_by_tensor_dim(run).items():
+            real = [d for d in dims if mesh.sizes[d] > 1]
+            order = state.order.get(t, [])
+            if real and order[-len(real):] != real:
+                return f"tensor dim {t} is not sharded by {tuple(real)} innermost (shard order {tuple(order)})"
+        return None
+
+    def _partitions(self, run):
+        """Contiguous splits whose merged blocks gather >= 2 tensor dims over mesh dims
+        whose ranks a communicator lists in an order of whole dims (``rank_order``)."""
+        mesh = self.ctx.mesh
+
+        def ok(m):
+            if len(m) == 1:
+                return True
+            dims = [d for k in m for d in run[k].step.mesh_dims]
+            return len({t for k in m for t, _ in _parts(run[k].step)}) >= 2 and mesh.rank_order(dims) is not None
+
+        for part in _merge.contiguous_partitions(len(run)):
+            if all(ok(m) for m in part):
+                yield part
+
+    # -- the merged step ----------------------------------------------------------------
+
+    def _logical(self, members, state) -> tuple:
+        dims = [d for m in members for d in m.step.mesh_dims]
+        return state.logical_shape(self.ctx.shape, self.ctx.mesh, dims)
+
+    def _block_bytes(self, run, members, run_state) -> int:
+        if len(members) == 1:
+            return self.ctx.bytes_of(run[members[0]].collective.args[0].meta["shape"])
+        state = run_state.copy()
+        for r in run[: members[0]]:
+            state.apply(r.step, self.ctx.mesh)
+        regs = [run[m] for m in members]
+        logical = self._logical(regs, state)
+        shape = list(regs[0].nodes[0].args[0].meta["shape"])
+        for t, dims in self._dims_by_tensor_dim(regs).items():
+            counts = tuple(self.ctx.mesh.sizes[d] for d in dims if self.ctx.mesh.sizes[d] > 1)
+            shape[t] = sym.nested_max_chunk(logical[t], counts)
+        return self.ctx.bytes_of(shape)
+
+    def _merged(self, members, group_dims, state) -> GatherBlocksStep:
+        parts = tuple(sorted(self._dims_by_tensor_dim(members).items()))
+        return GatherBlocksStep(
+            members[0].step.index,
+            tuple(group_dims),
+            Shard(parts[0][0]),
+            Replicate(),
+            self._logical(members, state),
+            parts=parts,
+        )

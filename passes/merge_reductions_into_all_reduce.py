@@ -1,0 +1,197 @@
+"""merge-reductions-into-all-reduce: reduce_scatters + all_reduces -> one all_reduce + local chunks.
+
+For small tensors one fatter collective beats two thin ones: the launch and
+latency steps saved outweigh the bytes added. HSDP's ``P,P -> R,S(0)`` is a
+reduce_scatter over the shard dim plus an all_reduce over the replicate dim;
+as one all_reduce over both dims and a local chunk it moves more bytes in one
+launch.
+
+Rewrite (``P,P -> R,S(0)`` on a 2x4 mesh, a group for a+b available)::
+
+    reduce_scatter(x, {b}, sum, 0); all_reduce(_, {a}, sum)
+  =>
+    all_reduce(x, {a+b (8,):(1,)}, sum); select_chunk(_, 0, 4, c_b)
+
+Legality:
+
+1. the steps are adjacent reductions (all_reduce or reduce_scatter) with the
+   same reduce op, over pairwise disjoint mesh dims, and at least one is a
+   reduce_scatter (a block of all_reduces alone is merge-reductions' rewrite);
+2. every mesh dim in the block is Partial before it, so none of them shards a
+   tensor dim: the size a reduce_scatter splits is the same on every rank of the
+   union group, and chunking commutes with the other reductions
+   (``chunk(AR_G2(RS_G1(x))) = chunk_G1(AR_{G1 x G2}(x))`` for sum, avg over
+   equal-size groups, max, min);
+3. a communicator over the union of the mesh dims is available under the groups
+   policy, in any rank order (an all_reduce's result does not depend on it);
+4. the local chunks reproduce DTensor's sizes exactly, uneven and zero-size
+   included: ``select_chunk`` is ``torch.chunk`` with trailing empty chunks, per
+   mesh dim in the reduce_scatter's shard order (outermost first);
+5. the cost model in use says the one all_reduce (plus the amortized creation
+   of its group) takes less time than the collectives it replaces.
+
+This trades bytes for launches: where it is chosen, the optimized plan may move
+more bytes than torch's, but never takes more modelled time (under the model in
+use) and never issues more collectives. Summation order changes (results equal
+torch's within rounding for sum/avg; exactly for max/min), as for
+merge-reductions.
+
+Among the contiguous splits of a run into blocks the cheapest wins; ties keep
+the run as it is. Not done: blocks without a reduce_scatter; all_gathers after
+the reduction (an all_reduce + all_gather would need a broadcast-shaped model).
+"""
+
+from __future__ import annotations
+
+from torch.distributed.tensor.placement_types import Partial, Replicate
+from torch.fx.passes.infra.pass_base import PassResult
+
+from . import _merge
+from .context import RedistPass
+from redist_opt import ir
+from redist_opt import steps as S
+
+_KINDS = ("all_reduce", "reduce_scatter")
+
+
+class MergeReductionsIntoAllReduce(RedistPass):
+    name = "merge-reductions-into-all-reduce"
+
+    def call(self, graph_module):
+        regs = S.regions(graph_module)
+        found = self._runs(regs)
+        if not found:
+            return PassResult(graph_module, False)
+        mesh = self.ctx.mesh
+        new_steps: list[ir.StepInfo] = []
+        provenance: list[tuple[str, ...]] = []
+        changed, cursor = False, 0
+
+        def keep(rs):
+            for r in rs:
+                new_steps.append(r.step)
+                provenance.append(r.inherited)
+
+        for start, end in found:
+            keep(regs[cursor:start])
+            cursor = end
+            run = regs[start:end]
+            best, why_not = self._choose(run)
+            labels = " + ".join(S.step_label(r.step, mesh) for r in run)
+            if best is None:
+                self.note(False, f"{labels} as one all_reduce", why_not)
+                keep(run)
+                continue
+            changed = True
+            for members, choice, fat, separate in best:
+                if choice is None:
+                    keep([run[m] for m in members])
+                    continue
+                regions = [run[m] for m in members]
+                new = self._rewritten(regions, choice.group.dims)
+                self.note(
+                    True,
+                    " + ".join(S.step_label(r.step, mesh) for r in regions)
+                    + " -> "
+                    + ", ".join(S.step_label(s, mesh) for s in new),
+                    f"one all_reduce {fat * 1e6:.1f}us vs {separate * 1e6:.1f}us under the "
+                    f"{self.ctx.cost.name} cost model (more bytes, fewer launches); {choice.how} group",
+                )
+                origin = tuple(n for r in regions for n in r.origin)
+                for s in new:
+                    new_steps.append(s)
+                    provenance.append(origin)
+        keep(regs[cursor:])
+        if not changed:
+            return PassResult(graph_module, False)
+        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+
+    # -- legality (conditions 1 and 2) ----------------------------------------------------
+
+    @staticmethod
+    def _runs(regs):
+        """Maximal runs of adjacent reductions with one reduce op over disjoint mesh dims,
+        holding at least two collectives and a reduce_scatter."""
+        out, i = [], 0
+        while i < len(regs):
+            step = regs[i].step
+            if step.kind not in _KINDS or regs[i].collective is None:
+                i += 1
+                continue
+            j = i + 1
+            while (
+                j < len(regs)
+                and regs[j].step.kind in _KINDS
+                and regs[j].collective is not None
+                and regs[j].step.reduce_op == step.reduce_op
+                # disjoint mesh dims, and (steps.commute) the order of the block's
+                # reductions does not matter, so one all_reduce may stand for all
+                and all(S.commute(r.step, regs[j].step) is None for r in regs[i:j])
+            ):
+                j += 1
+            if j - i >= 2 and any(r.step.kind == "reduce_scatter" for r in regs[i:j]):
+                out.append((i, j))
+            i = j
+        return out
+
+    # -- choice by cost (conditions 3 and 5) --------------------------------------------
+
+    def _time(self, region) -> float:
+        node = region.collective
+        nbytes = self.ctx.bytes_of(node.args[0].meta["shape"])
+        return self.ctx.cost.collective_time(ir.ir_name(node), node.args[1], nbytes, self.ctx.mesh)
+
+    def _choose(self, run):
+        """The cheapest contiguous split; None (and why) when keeping the run is cheapest."""
+        ctx = self.ctx
+        separate = [self._time(r) for r in run]
+        blocks: dict[tuple[int, ...], tuple] = {}
+        why_not = ""
+
+        def block(members):
+            nonlocal why_not
+            if members not in blocks:
+                regions = [run[m] for m in members]
+                sep = sum(separate[m] for m in members)
+                if len(members) == 1 or not any(r.step.kind == "reduce_scatter" for r in regions):
+                    blocks[members] = (members, None, sep, sep)
+                else:
+                    dims = tuple(sorted(d for r in regions for d in r.step.mesh_dims))
+                    choice, why = ctx.choose_group(dims, any_order=True)
+                    if choice is None:
+                        why_not = why_not or why
+                        blocks[members] = (members, None, sep, sep)
+                    else:
+                        nbytes = ctx.bytes_of(regions[0].nodes[0].args[0].meta["shape"])
+                        fat = ctx.collective_time("all_reduce", choice, nbytes)
+                        blocks[members] = (members, choice, fat, sep) if fat < sep else (members, None, sep, sep)
+                        if fat >= sep:
+                            why_not = why_not or (
+                                f"cost: one all_reduce {fat * 1e6:.1f}us vs {sep * 1e6:.1f}us under the "
+                                f"{ctx.cost.name} cost model"
+                            )
+            return blocks[members]
+
+        options = []
+        for part in _merge.contiguous_partitions(len(run)):
+            bs = [block(tuple(m)) for m in part]
+            total = sum(b[2] if b[1] is not None else b[3] for b in bs)
+            collectives = sum(1 if b[1] is not None else len(b[0]) for b in bs)
+            options.append((total, collectives, bs))
+        best = min(options, key=lambda o: (o[0], o[1]))
+        if all(b[1] is None for b in best[2]):
+            return None, why_not or "no block with a reduce_scatter"
+        return best[2], ""
+
+    # -- the rewrite (condition 4) ----------------------------------------------------------
+
+    @staticmethod
+    def _rewritten(regions, group_dims) -> list[ir.StepInfo]:
+        first = regions[0].step
+        op = first.reduce_op
+        out = [ir.StepInfo(first.index, tuple(group_dims), Partial(op), Replicate(), first.logical_shape)]
+        for r in regions:
+            if r.step.kind == "reduce_scatter":  # the scatter becomes a local chunk, in shard order
+                s = r.step
+                out.append(ir.StepInfo(s.index, s.mesh_dims, Replicate(), s.dst, s.logical_shape))
+        return out
