@@ -162,6 +162,9 @@ class StepInfo:
     dst: Placement
     # Sizes, per tensor dim, before the step's mesh dims shard it (expressions).
     logical_shape: tuple
+    # Merged sum/avg partials: the reduction is a sum, divided afterwards by this
+    # (the product of the sizes of the avg mesh dims). 1: no scaling.
+    avg_scale: int = 1
 
     # Derived facts are cached: every pass asks them many times per plan.
     @functools.cached_property

@@ -143,6 +143,8 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
     kind = step.kind
     if kind == "all_reduce":
         b.emit("all_reduce", group, cur.reduce_op)
+        if step.avg_scale > 1:
+            b.emit("divide", step.avg_scale)
     elif kind == "reduce_scatter":
         size = b.shape[tgt.dim]
         even = sym.is_divisible(size, n, mesh.sizes)
@@ -151,6 +153,8 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
         b.emit("reduce_scatter", group, cur.reduce_op, tgt.dim)
         if not even:
             b.emit("narrow", tgt.dim, 0, sym.nested_chunk_size(size, counts, coords))
+        if step.avg_scale > 1:
+            b.emit("divide", step.avg_scale)
     elif kind == "all_gather":
         # Shard._to_replicate_tensor: pad to the full chunk, gather, drop the padding.
         logical = step.logical_shape[cur.dim]

@@ -205,6 +205,43 @@ def api_variant_cases():
     return cases
 
 
+def _mix(src, dst, rng):
+    """Give every P of ``src`` sum or avg (both present when there are 2+ Ps); a
+    P kept in ``dst`` keeps its op, and a new P in ``dst`` is a sum."""
+    ps = [i for i, p in enumerate(src) if p == "P"]
+    ops = [rng.choice(["sum", "avg"]) for _ in ps]
+    if len(ps) >= 2 and len(set(ops)) == 1:
+        ops[rng.randrange(len(ops))] = "avg" if ops[0] == "sum" else "sum"
+    op_of = dict(zip(ps, ops))
+    s2 = tuple(f"P({op_of[i]})" if i in op_of else p for i, p in enumerate(src))
+    d2 = tuple(s2[i] if p == "P" and i in op_of else p for i, p in enumerate(dst))
+    return s2, d2
+
+
+def mixed_partial_cases():
+    """Issue 10, item 1: sum and avg partials mixed in one placement (torch accepts
+    them). On 2x2, 2x2x2 and the _unflatten view the world / root group exists,
+    so the optimized plan merges them into one sum plus a scale."""
+    cases = []
+    rng = random.Random(1010)
+    for m, nd, k in [("2x2", 2, 16), ("2x2_ab", 2, 40), ("3x2_ab", 2, 24), ("2x4", 2, 16),
+                     ("2x2x2", 3, 32), ("2x2x2_ab_ac_bc_abc", 3, 80), ("unflat8_2x2x2", 3, 24),
+                     ("sub_ac_of_2x2x2", 2, 16)]:
+        pairs = [(s, d) for s in lists(V2, nd) for d in lists(V2, nd) if s.count("P") >= 2]
+        for s, d in rng.sample(pairs, min(k, len(pairs))):
+            s2, d2 = _mix(s, d, rng)
+            cases.append(Case(m, s2, d2, rng.choice(SHAPES_2D), rng.choice([F32, F32, F64, BF16, C64])))
+    # integer dtypes: every avg reduction truncates, so nothing with avg merges or moves
+    for m, nd, k in [("2x2_ab", 2, 16), ("2x2x2_ab_ac_bc_abc", 3, 40)]:
+        pairs = [(s, d) for s in lists(V2, nd) for d in lists(V2, nd) if s.count("P") >= 2]
+        for s, d in rng.sample(pairs, min(k, len(pairs))):
+            s2, d2 = _mix(s, d, rng)
+            cases.append(Case(m, s2, d2, rng.choice(SHAPES_2D), rng.choice([torch.int64, torch.int32])))
+        for s, d in rng.sample(pairs, min(k // 2, len(pairs))):
+            cases.append(Case(m, with_op(s, "avg"), with_op(d, "avg"), rng.choice(SHAPES_2D), torch.int64))
+    return cases
+
+
 def all_cases():
     groups = {
         "1d": one_d_cases(),
@@ -212,5 +249,6 @@ def all_cases():
         "3d": three_d_cases(),
         "mesh_variants": mesh_variant_cases(),
         "api": api_variant_cases(),
+        "mixed_partials": mixed_partial_cases(),
     }
     return {k: _dedupe(v) for k, v in groups.items()}

@@ -186,8 +186,8 @@ def _merged_step(mesh: MeshSpec, run: Sequence[ir.StepInfo]) -> ir.StepInfo:
     outer = min(run, key=lambda s: s.mesh_dims[0])
     src = run[0].src
     if src.is_partial():
-        # sum+avg would become sum plus a scale; DTensor forbids mixed partials,
-        # so the op is uniform here and the count/bytes do not depend on it.
+        # torch runs a sum+avg mix as a sum plus a scale (avg_scale); the
+        # count and bytes do not depend on the op.
         src = Partial(src.reduce_op)
     return ir.StepInfo(run[0].index, dims, src, run[0].dst, outer.logical_shape)
 
