@@ -14,6 +14,7 @@ from .merge_all_gathers import MergeAllGathers
 from .merge_all_to_alls import MergeAllToAlls
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
+from .reduce_scatter_creator import ReduceScatterCreator
 from .reorder_collectives import ReorderCollectives
 
 __all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
@@ -23,6 +24,8 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     # Move commuting collectives so same-kind ones are adjacent and bytes shrink:
     # local chunking first, then scatters, reductions, all_to_alls, gathers last.
     ReorderCollectives,
+    # all_reduce + chunk of its result -> reduce_scatter (folded into the one before it).
+    ReduceScatterCreator,
     # Fuse adjacent collectives of one kind over disjoint mesh dims onto product groups.
     MergeReductions,
     MergeReduceScatters,

@@ -86,8 +86,11 @@ class ReorderCollectives(RedistPass):
         # Merges need two steps with one merge key, or an all_to_all (its merge
         # spans a gather and a chunk): otherwise scoring can skip the merge passes.
         keys_seen = [S.merge_key(r.step, dtype) for r in regs if S.merge_key(r.step, dtype) is not None]
-        self._merges_possible = len(set(keys_seen)) < len(keys_seen) or any(
-            r.step.kind == "all_to_all" for r in regs
+        kinds = {r.step.kind for r in regs}
+        self._merges_possible = (
+            len(set(keys_seen)) < len(keys_seen)
+            or "all_to_all" in kinds
+            or {"all_reduce", "chunk"} <= kinds  # reduce-scatter-creator
         )
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]

@@ -242,6 +242,40 @@ def mixed_partial_cases():
     return cases
 
 
+SHAPES_3D = [(8, 6, 4), (5, 3, 2), (8, 0, 4), (4, 7, 3), (8, 8, 4), (16, 4, 2)]
+
+
+def chain_cases():
+    """Issue 10, items 2 and 3, on roots with flattened meshes (groups="existing"):
+    all_reduce + chunk -> reduce_scatter (P on outer dims, shards on inner ones)
+    and nested all_gather + all_to_all chains (S on every dim, dst moves dims)."""
+    cases = []
+    rng = random.Random(1011)
+    # the issue's examples, even, uneven and zero-size
+    for shape in [(8, 6, 4), (8, 8, 4), (5, 3, 2), (8, 0, 4)]:
+        cases.append(Case("2x2x2x2_ab_cd_abcd", ("P", "P", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(0)", "S(0)"), shape))
+    for shape in [(8, 16, 2), (8, 16, 4), (5, 7, 3), (8, 0, 2), (3, 16, 2)]:
+        cases.append(Case("2x2x2x2_bcd_cd", ("S(1)",) * 4, ("S(1)", "S(0)", "S(0)", "S(0)"), shape))
+    outer = [("P", "P"), ("P", "R"), ("P", "S(1)"), ("R", "P"), ("S(1)", "P")]
+    inner = lists(["R", "S(0)", "S(1)"], 2)
+    dsts = lists(["R", "S(0)", "S(1)", "S(2)"], 4)
+    for m in ["2x2x2x2_ab_cd_abcd", "2x2x2x2_bcd_cd"]:
+        for _ in range(24):
+            s = rng.choice(outer) + rng.choice(inner)
+            cases.append(Case(m, s, rng.choice(dsts), rng.choice(SHAPES_3D), rng.choice([F32, F64, BF16])))
+    shards = lists(["S(0)", "S(1)", "S(2)"], 4)
+    for m in ["2x2x2x2_bcd_cd", "2x2x2x2_ab_cd_abcd"]:
+        for _ in range(24):
+            cases.append(Case(m, rng.choice(shards), rng.choice(shards), rng.choice(SHAPES_3D),
+                              rng.choice([F32, F64, C64])))
+    v3 = ["R", "S(0)", "S(1)", "P"]
+    for _ in range(40):
+        s = tuple(rng.choice(v3) for _ in range(3))
+        d = tuple(rng.choice(v3[:3]) for _ in range(3))
+        cases.append(Case("2x2x2_ab_ac_bc_abc", s, d, rng.choice(SHAPES_2D + SHAPES_3D[:3])))
+    return cases
+
+
 def all_cases():
     groups = {
         "1d": one_d_cases(),
@@ -250,5 +284,6 @@ def all_cases():
         "mesh_variants": mesh_variant_cases(),
         "api": api_variant_cases(),
         "mixed_partials": mixed_partial_cases(),
+        "chains": chain_cases(),
     }
     return {k: _dedupe(v) for k, v in groups.items()}

@@ -44,3 +44,8 @@ def test_api_variants(case):
 @pytest.mark.parametrize("case", _params("mixed_partials"))
 def test_mixed_partials(case):
     run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("chains"))
+def test_chains(case):
+    run_case(case)

@@ -103,3 +103,37 @@ def test_integer_avg_matches_torch_exactly(dtype, src):
         total = sum(locals_in.values())
         scale = math.prod(2 for p in srcp if p.reduce_op == "avg")
         assert not torch.equal((total / scale).to(dtype), want[0])
+
+
+# ----------------------------------------------------------------------------
+# Item 2: all_reduce + chunk is a reduce_scatter
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(8, 6, 4), (8, 8, 4), (5, 3, 2)], ids=["example", "even", "uneven"])
+def test_example2_one_reduce_scatter(shape):
+    """(r, m, i, t) with i+t flattened, [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)],
+    groups="create": DTensor issues all_reduce(m) + reduce_scatter(r) + chunk; we
+    issue one reduce_scatter over r+m with nested uneven padding."""
+    o = run_three((2, 2, 2, 2), "rmit", [("i", "t")], "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", shape,
+                  groups="create")
+    assert o.torch.total == 2 and o.oracle.total == 2
+    assert o.ours.total == 1 and o.ours.kinds == {"reduce_scatter": 1}
+    assert signature(o.plan) == ["reduce_scatter[sum](r+m)"]
+    if shape == (8, 6, 4):  # float64 here: the issue's float32 numbers times 2
+        assert o.model.bytes_per_rank == 2 * 384  # torch: all_reduce(m) first, then reduce_scatter(r)
+        assert o.plan.bytes_per_rank == 2 * 256
+        spec = redist_opt.MeshSpec(sizes=(2, 2, 2, 2), names=tuple("rmit"), flattened=["i+t"])
+        f32 = redist_opt.plan(spec, "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", shape=shape)
+        reordered = redist_opt.optimize(f32, groups="existing")  # no r+m: today's best
+        assert signature(reordered) == ["reduce_scatter[sum](r)", "all_reduce[sum](m)"]
+        assert reordered.bytes_per_rank == 288
+        assert redist_opt.optimize(f32, groups="create").bytes_per_rank == 256
+
+
+def test_example2_existing_groups_without_r_m():
+    """No r+m group, groups="existing": the reduce_scatter moves first (288 B per
+    rank) and the uneven all_reduce + chunk stays (a reduce_scatter of 3 rows over
+    2 ranks would be fed 4)."""
+    o = run_three((2, 2, 2, 2), "rmit", [("i", "t")], "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", (8, 6, 4))
+    assert o.ours.total == 2 and o.plan.bytes_per_rank == 2 * 288  # float64
