@@ -137,3 +137,24 @@ def test_example2_existing_groups_without_r_m():
     2 ranks would be fed 4)."""
     o = run_three((2, 2, 2, 2), "rmit", [("i", "t")], "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", (8, 6, 4))
     assert o.ours.total == 2 and o.plan.bytes_per_rank == 2 * 288  # float64
+
+
+# ----------------------------------------------------------------------------
+# Item 3: deep all_to_all merges
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flatten", [[("b", "c", "d")], [("b", "c", "d"), ("c", "d")]], ids=["bcd", "bcd+cd"])
+@pytest.mark.parametrize("shape", [(8, 16, 2), (5, 24, 3), (8, 0, 2)], ids=["example", "uneven", "empty"])
+def test_example3_one_all_to_all(flatten, shape):
+    """(a, b, c, d) of size 2, b+c+d flattened, [S(1)] * 4 -> [S(1), S(0), S(0), S(0)]:
+    DTensor all_gather(d) + all_gather(c) + all_to_all(b) + chunks (3 collectives;
+    torch 2 when c+d exists); we issue one all_to_all over b+c+d."""
+    o = run_three((2, 2, 2, 2), "abcd", flatten, "S(1),S(1),S(1),S(1)", "S(1),S(0),S(0),S(0)", shape)
+    assert o.oracle.total == 3
+    assert o.torch.total == (3 if len(flatten) == 1 else 2)
+    if shape[1]:
+        assert o.ours.total == 1 and o.ours.kinds == {"all_to_all": 1}
+        assert signature(o.plan) == ["all_to_all(b+c+d)"]
+    else:
+        assert o.ours.total <= 1
