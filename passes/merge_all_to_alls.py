@@ -40,8 +40,15 @@ Legality:
 The merge is made when the cost model says one all_to_all is cheaper than the
 all_gathers plus all_to_all it replaces (``prefer="consistency"``: always).
 
-Not done: two adjacent all_to_alls of the same dims (their shard orders
-disagree, which would need a local chunk permutation).
+Not done: two adjacent all_to_alls. DTensor's greedy planner never emits two
+adjacent ones that move the same tensor dim pair (every placement pair on 2x2
+and 2x2x2 meshes; 3,000 sampled pairs on 2x2x2x2, optimized plans included),
+and they could not share one rank order anyway (the cat order of ``i`` lists
+the second one's mesh dims first, the split order of ``j`` last: a local chunk
+permutation would be needed). The adjacent pairs it does emit, e.g.
+``S(0),S(0) -> S(1),S(2)``: ``all_to_all({b}, split 2, cat 0);
+all_to_all({a}, split 1, cat 0)``, split two different tensor dims: one
+collective needs an all_to_all with a two-dim split, which the IR does not have.
 """
 
 from __future__ import annotations
