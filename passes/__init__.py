@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .context import PassContext, RedistPass
 from .merge_all_gathers import MergeAllGathers
+from .merge_adjacent_all_to_alls import MergeAdjacentAllToAlls
 from .merge_all_to_alls import MergeAllToAlls
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
@@ -31,6 +32,7 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     MergeReduceScatters,
     MergeAllGathers,
     MergeAllToAlls,
+    MergeAdjacentAllToAlls,
 ]
 
 

@@ -180,6 +180,10 @@ class ShardState:
                 )
             if k:
                 del dims[-k:]
+        for dims, dst in step.also:  # merged all_to_alls: the last dims shard another dim
+            own = [d for d in dims if mesh.sizes[d] > 1]
+            real = real[: len(real) - len(own)]
+            self.order.setdefault(dst.dim, []).extend(own)
         if step.dst.is_shard():
             self.order.setdefault(step.dst.dim, []).extend(real)
 

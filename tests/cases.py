@@ -268,6 +268,15 @@ def chain_cases():
         for _ in range(24):
             cases.append(Case(m, rng.choice(shards), rng.choice(shards), rng.choice(SHAPES_3D),
                               rng.choice([F32, F64, C64])))
+    # adjacent all_to_alls that cat one tensor dim (merge-adjacent-all-to-alls)
+    srcs = {"2x2_ab": [("S(0)", "S(0)"), ("S(1)", "S(1)"), ("S(2)", "S(2)")],
+            "3x2_ab": [("S(0)", "S(0)"), ("S(2)", "S(2)")],
+            "2x2x2_ab_ac_bc_abc": [("R", "S(0)", "S(0)"), ("S(0)", "S(0)", "S(0)"), ("S(1)", "S(0)", "S(0)")]}
+    for m, ss in srcs.items():
+        nd = len(ss[0])
+        for _ in range(24):
+            d = tuple(rng.choice(["R", "S(0)", "S(1)", "S(2)"]) for _ in range(nd))
+            cases.append(Case(m, rng.choice(ss), d, rng.choice(SHAPES_3D), rng.choice([F32, F64, C64])))
     v3 = ["R", "S(0)", "S(1)", "P"]
     for _ in range(40):
         s = tuple(rng.choice(v3) for _ in range(3))

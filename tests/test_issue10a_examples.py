@@ -158,3 +158,12 @@ def test_example3_one_all_to_all(flatten, shape):
         assert signature(o.plan) == ["all_to_all(b+c+d)"]
     else:
         assert o.ours.total <= 1
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (5, 3, 7)], ids=["even", "uneven"])
+def test_two_adjacent_all_to_alls_one(shape):
+    """S(0),S(0) -> S(1),S(2) on 2x2 with a+b flattened: DTensor all_to_all(b) +
+    all_to_all(a) (torch never merges all_to_alls); we issue one over a+b."""
+    o = run_three((2, 2), "ab", [("a", "b")], "S(0),S(0)", "S(1),S(2)", shape)
+    assert o.torch.total == 2 and o.oracle.total == 2
+    assert o.ours.total == 1 and o.ours.kinds == {"all_to_all": 1}
