@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from .context import PassContext, RedistPass
 from .merge_all_gathers import MergeAllGathers
+from .merge_adjacent_all_to_alls import MergeAdjacentAllToAlls
 from .merge_all_to_alls import MergeAllToAlls
 from .merge_gathers_across_dims import MergeGathersAcrossDims
 from .merge_reduce_scatters import MergeReduceScatters
 from .merge_reductions import MergeReductions
 from .merge_reductions_into_all_reduce import MergeReductionsIntoAllReduce
+from .reduce_scatter_creator import ReduceScatterCreator
 from .reorder_collectives import ReorderCollectives
 
 __all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
@@ -25,6 +27,8 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     # Move commuting collectives so same-kind ones are adjacent and bytes shrink:
     # local chunking first, then scatters, reductions, all_to_alls, gathers last.
     ReorderCollectives,
+    # all_reduce + chunk of its result -> reduce_scatter (folded into the one before it).
+    ReduceScatterCreator,
     # Fuse adjacent collectives of one kind over disjoint mesh dims onto product groups.
     MergeReductions,
     MergeReduceScatters,
@@ -33,6 +37,7 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     MergeReductionsIntoAllReduce,
     MergeAllGathers,
     MergeAllToAlls,
+    MergeAdjacentAllToAlls,
     # Gathers of different tensor dims -> one all_gather of blocks + local reassembly.
     MergeGathersAcrossDims,
 ]

@@ -27,7 +27,12 @@ class Block:
     nbytes: int
 
 
-def runs(regs: Sequence[S.Region], kind: str, chain_ok: Callable[[ir.StepInfo, ir.StepInfo], bool]):
+def runs(
+    regs: Sequence[S.Region],
+    kind: str,
+    chain_ok: Callable[[ir.StepInfo, ir.StepInfo], bool],
+    dtype=None,
+):
     """Maximal runs (start, end) of adjacent regions of ``kind`` with one merge key."""
     out, i = [], 0
     while i < len(regs):
@@ -35,10 +40,10 @@ def runs(regs: Sequence[S.Region], kind: str, chain_ok: Callable[[ir.StepInfo, i
             i += 1
             continue
         j = i + 1
-        key = S.merge_key(regs[i].step)
+        key = S.merge_key(regs[i].step, dtype)
         while (
             j < len(regs)
-            and S.merge_key(regs[j].step) == key
+            and S.merge_key(regs[j].step, dtype) == key
             and chain_ok(regs[j - 1].step, regs[j].step)
             and not set(regs[j].step.mesh_dims) & {d for r in regs[i:j] for d in r.step.mesh_dims}
         ):
@@ -147,11 +152,11 @@ class MergeRunPass(RedistPass):
         return self.ctx.bytes_of(run[members[0]].collective.args[0].meta["shape"])
 
     def merged(self, run, members, dims, state: S.ShardState) -> ir.StepInfo:
-        return S.merged_step([run[m].step for m in members], dims, run[members[0]].step.index)
+        return S.merged_step([run[m].step for m in members], dims, run[members[0]].step.index, self.ctx.mesh.sizes)
 
     def call(self, graph_module):
         regs = S.regions(graph_module)
-        found = runs(regs, self.kind, self.chain_ok)
+        found = runs(regs, self.kind, self.chain_ok, self.ctx.dtype)
         if not found:
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh

@@ -8,7 +8,9 @@ Rewrite (P,P -> S(0),S(0); a+b exists)::
 
 Legality:
 
-1. the reduce_scatters are adjacent, use the same reduce op and scatter the
+1. the reduce_scatters are adjacent, have one ``steps.merge_key`` (the same
+   reduce op, or sum and avg mixed on a floating dtype: one sum, then one local
+   ``divide`` by the avg dims' sizes, as in merge-reductions) and scatter the
    same tensor dim, over disjoint mesh dims;
 2. the product group's rank order is the *shard order*: the chunk a rank keeps
    is the row-major coordinate over the merged dims, outermost first, so the

@@ -8,9 +8,19 @@ Rewrite (groups a+c exists)::
 
 Legality:
 
-1. the all_reduces are adjacent (reorder-collectives makes them so) and use the
-   same reduce op (sum, avg, max or min: AR_op(G2) . AR_op(G1) = AR_op(G1 x G2);
-   avg over equal-size groups composes to avg over the product);
+1. the all_reduces are adjacent (reorder-collectives makes them so) and have
+   one ``steps.merge_key``: the same reduce op (sum, avg, max or min:
+   AR_op(G2) . AR_op(G1) = AR_op(G1 x G2); avg over equal-size groups composes
+   to avg over the product), or sum and avg mixed (both linear:
+   AR_avg(G1) . AR_sum(G2) = AR_sum(G1 x G2) / |G1|, lowered as one sum and one
+   local ``divide`` by the product of the avg dims' sizes, so every replica
+   computes the same bits). On integer dtypes avg truncates each quotient (as
+   torch's avg does), so there avg merges with nothing::
+
+       all_reduce(x, {a}, avg); all_reduce(_, {b}, sum)
+     =>
+       all_reduce(x, {a+b}, sum); divide(_, 2)
+
 2. they span disjoint mesh dims, so the product group has no rank twice
    (``check_orthogonal`` on the collapsed layout);
 3. a communicator with the product's layout is available under the groups
@@ -24,7 +34,8 @@ the cheapest under the cost model wins (ring all_reduces can be *slower* merged
 at small sizes); ``prefer="consistency"`` takes the fewest collectives instead,
 so replicas come from one reduction and are bitwise equal.
 
-Not done: mixing reduce ops (DTensor forbids mixed partials in one placement).
+Not done: mixing non-linear reduce ops (DTensor refuses max/min/product mixed
+with anything else in one placement); integer avg.
 """
 
 from __future__ import annotations

@@ -63,14 +63,15 @@ class ReorderCollectives(RedistPass):
         dag.add_nodes_from(range(len(regs)))
         for i in range(len(regs)):
             for j in range(i + 1, len(regs)):
-                if S.commute(regs[i].step, regs[j].step) is not None:
+                if S.commute(regs[i].step, regs[j].step, self.ctx.dtype) is not None:
                     dag.add_edge(i, j)
+        dtype = self.ctx.dtype
         first_of_key: dict = {}
         for i, r in enumerate(regs):
-            first_of_key.setdefault(S.merge_key(r.step) or ("local", i), i)
+            first_of_key.setdefault(S.merge_key(r.step, dtype) or ("local", i), i)
         keys = [
             lambda i: (_PRIORITY[regs[i].step.kind], i),
-            lambda i: (_PRIORITY[regs[i].step.kind], first_of_key[S.merge_key(regs[i].step) or ("local", i)], i),
+            lambda i: (_PRIORITY[regs[i].step.kind], first_of_key[S.merge_key(regs[i].step, dtype) or ("local", i)], i),
         ]
         identity = list(range(len(regs)))
         candidates = [identity]
@@ -84,9 +85,12 @@ class ReorderCollectives(RedistPass):
         self._relowered: dict[tuple[int, ...], object] = {}
         # Merges need two steps with one merge key, or an all_to_all (its merge
         # spans a gather and a chunk): otherwise scoring can skip the merge passes.
-        keys_seen = [S.merge_key(r.step) for r in regs if S.merge_key(r.step) is not None]
-        self._merges_possible = len(set(keys_seen)) < len(keys_seen) or any(
-            r.step.kind == "all_to_all" for r in regs
+        keys_seen = [S.merge_key(r.step, dtype) for r in regs if S.merge_key(r.step, dtype) is not None]
+        kinds = {r.step.kind for r in regs}
+        self._merges_possible = (
+            len(set(keys_seen)) < len(keys_seen)
+            or "all_to_all" in kinds
+            or {"all_reduce", "chunk"} <= kinds  # reduce-scatter-creator
         )
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]

@@ -96,9 +96,17 @@ def all_gather(shape, group: MeshGroup, dim: int):
 
 
 @_ir_op("all_to_all", collective=True)
-def all_to_all(shape, group: MeshGroup, split_dim: int, cat_dim: int):
-    shape = _set(shape, split_dim, sym.CeilDiv(shape[split_dim], group.size))
+def all_to_all(shape, group: MeshGroup, split_dim, cat_dim: int):
+    # split_dim: one tensor dim cut into group.size pieces, or ((dim, pieces), ...):
+    # several dims cut (product of pieces = group size), member k gets block k row-major.
+    for d, n in split_dims(split_dim, group.size):
+        shape = _set(shape, d, sym.CeilDiv(shape[d], n))
     return _set(shape, cat_dim, shape[cat_dim] * group.size)
+
+
+def split_dims(split_dim, group_size: int) -> tuple:
+    """An all_to_all's split as ((tensor dim, pieces), ...)."""
+    return tuple(split_dim) if isinstance(split_dim, tuple) else ((split_dim, group_size),)
 
 
 @_ir_op("pad_to", collective=False)
@@ -177,6 +185,13 @@ class StepInfo:
     dst: Placement
     # Sizes, per tensor dim, before the step's mesh dims shard it (expressions).
     logical_shape: tuple
+    # Merged sum/avg partials: the reduction is a sum, divided afterwards by this
+    # (the product of the sizes of the avg mesh dims). 1: no scaling.
+    avg_scale: int = 1
+    # Two all_to_alls merged (merge-adjacent-all-to-alls): ((mesh dims, dst), ...)
+    # whose mesh dims, at the end of ``mesh_dims``, shard ``dst`` instead of ``dst``
+    # above. Empty for every other step.
+    also: tuple = ()
 
     # Derived facts are cached: every pass asks them many times per plan.
     @functools.cached_property
@@ -193,7 +208,7 @@ class StepInfo:
     def tensor_dims(self) -> frozenset[int]:
         """Tensor dims whose layout the step changes (reductions change none)."""
         dims = set()
-        for p in (self.src, self.dst):
+        for p in (self.src, self.dst, *(dst for _, dst in self.also)):
             if p.is_shard():
                 dims.add(p.dim)
         return frozenset(dims)
@@ -284,11 +299,15 @@ def verify(gm: fx.GraphModule, mesh_sizes: Sequence[int], expected_output_shape=
                 raise IRVerificationError(f"{node.name}: group layout overlaps itself")
             split_dim = {"reduce_scatter": 3, "all_to_all": 2}.get(name)
             if split_dim is not None:
-                size = prev.meta["shape"][node.args[split_dim]]
-                if not sym.is_divisible(size, group.size, mesh_sizes):
-                    raise IRVerificationError(
-                        f"{node.name}: dim size {size} not divisible by group size {group.size}"
-                    )
+                splits = split_dims(node.args[split_dim], group.size)
+                if _prod(n for _, n in splits) != group.size:
+                    raise IRVerificationError(f"{node.name}: split {splits} does not cover the group")
+                for d, n in splits:
+                    size = prev.meta["shape"][d]
+                    if not sym.is_divisible(size, n, mesh_sizes):
+                        raise IRVerificationError(
+                            f"{node.name}: dim size {size} not divisible by {n} (group size {group.size})"
+                        )
         derived = tuple(sym.as_expr(s) for s in OPS[name].shape_fn(prev.meta["shape"], *params))
         if derived != node.meta.get("shape"):
             raise IRVerificationError(

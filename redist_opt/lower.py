@@ -146,6 +146,8 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
     kind = step.kind
     if kind == "all_reduce":
         b.emit("all_reduce", group, cur.reduce_op)
+        if step.avg_scale > 1:
+            b.emit("divide", step.avg_scale)
     elif kind == "reduce_scatter":
         size = b.shape[tgt.dim]
         even = sym.is_divisible(size, n, mesh.sizes)
@@ -154,6 +156,8 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
         b.emit("reduce_scatter", group, cur.reduce_op, tgt.dim)
         if not even:
             b.emit("narrow", tgt.dim, 0, sym.nested_chunk_size(size, counts, coords))
+        if step.avg_scale > 1:
+            b.emit("divide", step.avg_scale)
     elif kind == "all_gather":
         # Shard._to_replicate_tensor: pad to the full chunk, gather, drop the padding.
         logical = step.logical_shape[cur.dim]
@@ -166,6 +170,8 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
                 b.emit("narrow", cur.dim, 0, logical)
             else:
                 b.emit("unpad_nested", cur.dim, logical, counts)
+    elif kind == "all_to_all" and step.also:
+        _lower_split_all_to_all(b, mesh, group, step, dims)
     elif kind == "all_to_all":
         if cur.dim != tgt.dim:
             _lower_all_to_all(b, mesh, group, cur.dim, tgt.dim, step.logical_shape, counts, coords)
@@ -201,6 +207,39 @@ def _lower_all_to_all(b, mesh, group, old_dim, new_dim, logical, counts, coords)
             b.emit("unpad_nested", old_dim, logical[old_dim], counts)
     if not new_even:
         b.emit("narrow", new_dim, 0, sym.nested_chunk_size(logical[new_dim], counts, coords))
+
+
+def _lower_split_all_to_all(b, mesh, group, step: StepInfo, dims) -> None:
+    # Two all_to_alls that cat the same tensor dim, merged (merge-adjacent-all-to-alls):
+    # the leading mesh dims split ``step.dst``, the trailing ones ``also``'s dst.
+    (tail, other), = step.also
+    tail = tuple(d for d in tail if mesh.sizes[d] > 1)
+    head = dims[: len(dims) - len(tail)]
+    logical = step.logical_shape
+    cat = step.src.dim
+    parts = [(step.dst.dim, head), (other.dim, tail)]
+    counts = tuple(mesh.sizes[d] for d in dims)
+    cat_even = sym.is_divisible(logical[cat], group.size, mesh.sizes)
+    if not cat_even:
+        b.emit("pad_to", cat, sym.nested_max_chunk(logical[cat], counts))
+    uneven = []
+    for dim, ds in parts:
+        c = tuple(mesh.sizes[d] for d in ds)
+        if not sym.is_divisible(logical[dim], _prod(c), mesh.sizes):
+            uneven.append((dim, ds, c))
+            b.emit("pad_nested", dim, c)
+    b.emit("all_to_all", group, tuple((dim, _prod(mesh.sizes[d] for d in ds)) for dim, ds in parts), cat)
+    if not cat_even:
+        b.emit("unpad_nested", cat, logical[cat], counts)
+    for dim, ds, c in uneven:
+        b.emit("narrow", dim, 0, sym.nested_chunk_size(logical[dim], c, tuple(sym.coord(d) for d in ds)))
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
 
 
 def _unsupported(step: StepInfo, mesh: MeshSpec) -> RedistributeError:

@@ -146,9 +146,11 @@ def normalize_placements(
             )
         out.append(p)
     ops = {p.reduce_op for p in out if isinstance(p, Partial)}
-    if len(ops) > 1:
+    # As torch's assert_no_mixed_partial_types: sum and avg commute (both linear),
+    # so they may mix; any other mix has no defined order of reductions.
+    if len(ops) > 1 and ops != {"sum", "avg"}:
         raise RedistributeError(
             f"{role} placements {placements_str(out)} mix partial reduce ops {sorted(ops)}: "
-            "DTensor does not define the order of different reductions"
+            "DTensor does not define the order of different reductions (only sum and avg may mix)"
         )
     return tuple(out)

@@ -242,7 +242,20 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
 # -- collectives ------------------------------------------------------------------
 
 
-def _all_to_all(x: torch.Tensor, group, n: int, split_dim: int, cat_dim: int) -> torch.Tensor:
+def _all_to_all_blocks(x: torch.Tensor, group, n: int, splits, cat_dim: int) -> torch.Tensor:
+    # Several split dims: member k gets block k of the row-major grid of pieces.
+    blocks = [x]
+    for dim, pieces in splits:
+        blocks = [p for blk in blocks for p in _chunks(blk, dim, pieces)]
+    send = torch.stack(blocks, 0).contiguous()
+    out = funcol.all_to_all_single(send, None, None, group)
+    out = funcol.wait_tensor(out) if isinstance(out, funcol.AsyncCollectiveTensor) else out
+    return torch.cat([c.squeeze(0) for c in torch.chunk(out, n, dim=0)], dim=cat_dim)
+
+
+def _all_to_all(x: torch.Tensor, group, n: int, split_dim, cat_dim: int) -> torch.Tensor:
+    if isinstance(split_dim, tuple):
+        return _all_to_all_blocks(x, group, n, split_dim, cat_dim)
     # funcol's all_to_all splits dim 0: bring split_dim to the front, exchange equal
     # chunks, then lay the chunk received from member i at position i of cat_dim.
     moved = x.movedim(split_dim, 0).contiguous()

@@ -83,15 +83,32 @@ def step_label(step: ir.StepInfo, mesh: MeshSpec) -> str:
 # -- the compatibility key ------------------------------------------------------------
 
 
-def merge_key(step: ir.StepInfo) -> tuple | None:
+def merge_key(step: ir.StepInfo, dtype=None) -> tuple | None:
     """Steps with equal keys over disjoint mesh dims may become one collective.
 
     Same collective kind, same reduce op, same tensor dims (for nested shards).
+    sum and avg share a key (both linear: ``AR_avg(G1) . AR_sum(G2) =
+    AR_sum(G1 x G2) / |G1|``, see :func:`merged_step`), except on integer
+    ``dtype``s, where every avg reduction truncates and merges with nothing.
     Local steps (chunk, partition) never merge: they cost nothing.
     """
     if step.kind in ("chunk", "partition"):
         return None
-    return (step.kind, step.reduce_op, tuple(sorted(step.tensor_dims)), _dst_dim(step))
+    op = step.reduce_op
+    if op in _LINEAR:
+        op = "sum|avg" if avg_is_linear(dtype) else op
+        if op == "avg":  # unique: no other step has these mesh dims
+            op = ("avg", "truncating", step.mesh_dims)
+    return (step.kind, op, tuple(sorted(step.tensor_dims)), _dst_dim(step))
+
+
+def avg_is_linear(dtype) -> bool:
+    """avg is sum / n exactly up to rounding on floating dtypes (None: assume so).
+
+    On integer dtypes each avg reduction truncates its quotient (as torch's does),
+    so avg neither merges nor commutes with another reduction there.
+    """
+    return dtype is None or dtype.is_floating_point or dtype.is_complex
 
 
 def _dst_dim(step: ir.StepInfo):
@@ -103,7 +120,7 @@ def _dst_dim(step: ir.StepInfo):
 _LINEAR = {"sum", "avg"}
 
 
-def commute(a: ir.StepInfo, b: ir.StepInfo) -> str | None:
+def commute(a: ir.StepInfo, b: ir.StepInfo, dtype=None) -> str | None:
     """None if ``a; b`` equals ``b; a`` on every rank, else the reason it does not.
 
     Legal when (1) the steps span disjoint mesh dims, (2) they change the layout
@@ -111,7 +128,8 @@ def commute(a: ir.StepInfo, b: ir.StepInfo) -> str | None:
     and shard order is kept), and (3) reductions in both use the same op, or both
     linear ones: a sum over one group commutes with a sum over another, and with
     any pure data movement (gathers, scatters, chunking) on other dims.
-    Replicate -> Partial steps are never moved.
+    Replicate -> Partial steps are never moved. On integer ``dtype``s an avg
+    reduction truncates, so it commutes with no other reduction.
     """
     if set(a.mesh_dims) & set(b.mesh_dims):
         return "they share a mesh dim"
@@ -122,6 +140,8 @@ def commute(a: ir.StepInfo, b: ir.StepInfo) -> str | None:
     ra, rb = a.reduce_op, b.reduce_op
     if ra and rb and ra != rb and not (ra in _LINEAR and rb in _LINEAR):
         return f"reduce ops {ra} and {rb} do not commute"
+    if ra and rb and "avg" in (ra, rb) and not avg_is_linear(dtype):
+        return f"avg on {dtype} truncates each reduction: it commutes with no other reduction"
     return None
 
 
@@ -165,6 +185,10 @@ class ShardState:
                 )
             if k:
                 del dims[-k:]
+        for dims, dst in step.also:  # merged all_to_alls: the last dims shard another dim
+            own = [d for d in dims if mesh.sizes[d] > 1]
+            real = real[: len(real) - len(own)]
+            self.order.setdefault(dst.dim, []).extend(own)
         if step.dst.is_shard():
             self.order.setdefault(step.dst.dim, []).extend(real)
 
@@ -199,12 +223,29 @@ def with_state_logical_shape(
     )
 
 
-def merged_step(steps: Sequence[ir.StepInfo], mesh_dims: Sequence[int], index: int) -> ir.StepInfo:
+def merged_step(
+    steps: Sequence[ir.StepInfo], mesh_dims: Sequence[int], index: int, mesh_sizes: Sequence[int] = ()
+) -> ir.StepInfo:
+    """One step over ``mesh_dims`` doing what ``steps`` did (equal merge keys).
+
+    Mixed sum/avg reductions become one sum followed by one division by the
+    sizes of the avg steps' mesh dims (``avg_scale``): avg over G1 then sum over
+    G2 is sum over G1 x G2 divided by |G1|. All-avg stays avg (over the product).
+    """
     first = steps[0]
     src = first.src
+    scale = 1
     if isinstance(src, Partial):
         src = Partial(src.reduce_op)
-    return ir.StepInfo(index, tuple(mesh_dims), src, first.dst, first.logical_shape)
+        ops = {s.reduce_op for s in steps}
+        if ops <= _LINEAR and (len(ops) > 1 or any(s.avg_scale > 1 for s in steps)):
+            src = Partial("sum")
+            for s in steps:
+                scale *= s.avg_scale
+                if s.reduce_op == "avg":
+                    for d in s.mesh_dims:
+                        scale *= mesh_sizes[d]
+    return ir.StepInfo(index, tuple(mesh_dims), src, first.dst, first.logical_shape, scale)
 
 
 # -- rewriting -------------------------------------------------------------------------

@@ -205,6 +205,86 @@ def api_variant_cases():
     return cases
 
 
+def _mix(src, dst, rng):
+    """Give every P of ``src`` sum or avg (both present when there are 2+ Ps); a
+    P kept in ``dst`` keeps its op, and a new P in ``dst`` is a sum."""
+    ps = [i for i, p in enumerate(src) if p == "P"]
+    ops = [rng.choice(["sum", "avg"]) for _ in ps]
+    if len(ps) >= 2 and len(set(ops)) == 1:
+        ops[rng.randrange(len(ops))] = "avg" if ops[0] == "sum" else "sum"
+    op_of = dict(zip(ps, ops))
+    s2 = tuple(f"P({op_of[i]})" if i in op_of else p for i, p in enumerate(src))
+    d2 = tuple(s2[i] if p == "P" and i in op_of else p for i, p in enumerate(dst))
+    return s2, d2
+
+
+def mixed_partial_cases():
+    """Issue 10, item 1: sum and avg partials mixed in one placement (torch accepts
+    them). On 2x2, 2x2x2 and the _unflatten view the world / root group exists,
+    so the optimized plan merges them into one sum plus a scale."""
+    cases = []
+    rng = random.Random(1010)
+    for m, nd, k in [("2x2", 2, 16), ("2x2_ab", 2, 40), ("3x2_ab", 2, 24), ("2x4", 2, 16),
+                     ("2x2x2", 3, 32), ("2x2x2_ab_ac_bc_abc", 3, 80), ("unflat8_2x2x2", 3, 24),
+                     ("sub_ac_of_2x2x2", 2, 16)]:
+        pairs = [(s, d) for s in lists(V2, nd) for d in lists(V2, nd) if s.count("P") >= 2]
+        for s, d in rng.sample(pairs, min(k, len(pairs))):
+            s2, d2 = _mix(s, d, rng)
+            cases.append(Case(m, s2, d2, rng.choice(SHAPES_2D), rng.choice([F32, F32, F64, BF16, C64])))
+    # integer dtypes: every avg reduction truncates, so nothing with avg merges or moves
+    for m, nd, k in [("2x2_ab", 2, 16), ("2x2x2_ab_ac_bc_abc", 3, 40)]:
+        pairs = [(s, d) for s in lists(V2, nd) for d in lists(V2, nd) if s.count("P") >= 2]
+        for s, d in rng.sample(pairs, min(k, len(pairs))):
+            s2, d2 = _mix(s, d, rng)
+            cases.append(Case(m, s2, d2, rng.choice(SHAPES_2D), rng.choice([torch.int64, torch.int32])))
+        for s, d in rng.sample(pairs, min(k // 2, len(pairs))):
+            cases.append(Case(m, with_op(s, "avg"), with_op(d, "avg"), rng.choice(SHAPES_2D), torch.int64))
+    return cases
+
+
+SHAPES_3D = [(8, 6, 4), (5, 3, 2), (8, 0, 4), (4, 7, 3), (8, 8, 4), (16, 4, 2)]
+
+
+def chain_cases():
+    """Issue 10, items 2 and 3, on roots with flattened meshes (groups="existing"):
+    all_reduce + chunk -> reduce_scatter (P on outer dims, shards on inner ones)
+    and nested all_gather + all_to_all chains (S on every dim, dst moves dims)."""
+    cases = []
+    rng = random.Random(1011)
+    # the issue's examples, even, uneven and zero-size
+    for shape in [(8, 6, 4), (8, 8, 4), (5, 3, 2), (8, 0, 4)]:
+        cases.append(Case("2x2x2x2_ab_cd_abcd", ("P", "P", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(0)", "S(0)"), shape))
+    for shape in [(8, 16, 2), (8, 16, 4), (5, 7, 3), (8, 0, 2), (3, 16, 2)]:
+        cases.append(Case("2x2x2x2_bcd_cd", ("S(1)",) * 4, ("S(1)", "S(0)", "S(0)", "S(0)"), shape))
+    outer = [("P", "P"), ("P", "R"), ("P", "S(1)"), ("R", "P"), ("S(1)", "P")]
+    inner = lists(["R", "S(0)", "S(1)"], 2)
+    dsts = lists(["R", "S(0)", "S(1)", "S(2)"], 4)
+    for m in ["2x2x2x2_ab_cd_abcd", "2x2x2x2_bcd_cd"]:
+        for _ in range(24):
+            s = rng.choice(outer) + rng.choice(inner)
+            cases.append(Case(m, s, rng.choice(dsts), rng.choice(SHAPES_3D), rng.choice([F32, F64, BF16])))
+    shards = lists(["S(0)", "S(1)", "S(2)"], 4)
+    for m in ["2x2x2x2_bcd_cd", "2x2x2x2_ab_cd_abcd"]:
+        for _ in range(24):
+            cases.append(Case(m, rng.choice(shards), rng.choice(shards), rng.choice(SHAPES_3D),
+                              rng.choice([F32, F64, C64])))
+    # adjacent all_to_alls that cat one tensor dim (merge-adjacent-all-to-alls)
+    srcs = {"2x2_ab": [("S(0)", "S(0)"), ("S(1)", "S(1)"), ("S(2)", "S(2)")],
+            "3x2_ab": [("S(0)", "S(0)"), ("S(2)", "S(2)")],
+            "2x2x2_ab_ac_bc_abc": [("R", "S(0)", "S(0)"), ("S(0)", "S(0)", "S(0)"), ("S(1)", "S(0)", "S(0)")]}
+    for m, ss in srcs.items():
+        nd = len(ss[0])
+        for _ in range(24):
+            d = tuple(rng.choice(["R", "S(0)", "S(1)", "S(2)"]) for _ in range(nd))
+            cases.append(Case(m, rng.choice(ss), d, rng.choice(SHAPES_3D), rng.choice([F32, F64, C64])))
+    v3 = ["R", "S(0)", "S(1)", "P"]
+    for _ in range(40):
+        s = tuple(rng.choice(v3) for _ in range(3))
+        d = tuple(rng.choice(v3[:3]) for _ in range(3))
+        cases.append(Case("2x2x2_ab_ac_bc_abc", s, d, rng.choice(SHAPES_2D + SHAPES_3D[:3])))
+    return cases
+
+
 def all_cases():
     groups = {
         "1d": one_d_cases(),
@@ -212,5 +292,7 @@ def all_cases():
         "3d": three_d_cases(),
         "mesh_variants": mesh_variant_cases(),
         "api": api_variant_cases(),
+        "mixed_partials": mixed_partial_cases(),
+        "chains": chain_cases(),
     }
     return {k: _dedupe(v) for k, v in groups.items()}

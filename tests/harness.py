@@ -193,6 +193,17 @@ def _flattened(root_shape, root_names, flat_dims, flat_name):
     return build
 
 
+def _init_flattened(shape, names, groups):
+    """A root mesh with the flattened meshes ``groups`` (tuples of dim names)."""
+    def build():
+        root = init_device_mesh("cpu", tuple(shape), mesh_dim_names=names)
+        for g in groups:
+            root[tuple(g)]._flatten()
+        return root
+
+    return build
+
+
 MESHES: dict[str, MeshFactory] = {
     f.name: f
     for f in [
@@ -270,6 +281,20 @@ MESHES: dict[str, MeshFactory] = {
         MeshFactory(
             "flat_ac_of_2x2x2", 8, _flattened((2, 2, 2), ("a", "b", "c"), ("a", "c"), "ac")
         ),
+        # roots with flattened meshes, so groups="existing" plans merge collectives
+        MeshFactory("2x2_ab", 4, _init_flattened((2, 2), ("a", "b"), ["ab"])),
+        MeshFactory("3x2_ab", 6, _init_flattened((3, 2), ("a", "b"), ["ab"])),
+        MeshFactory(
+            "2x2x2_ab_ac_bc_abc", 8,
+            _init_flattened((2, 2, 2), ("a", "b", "c"), ["ab", "ac", "bc", "abc"]),
+        ),
+        MeshFactory(
+            "2x2x2x2_bcd_cd", 16, _init_flattened((2, 2, 2, 2), ("a", "b", "c", "d"), ["bcd", "cd"])
+        ),
+        MeshFactory(
+            "2x2x2x2_ab_cd_abcd", 16,
+            _init_flattened((2, 2, 2, 2), ("a", "b", "c", "d"), ["ab", "cd", "abcd"]),
+        ),
     ]
 }
 
@@ -292,6 +317,8 @@ DTYPE_NAMES = {
     torch.bfloat16: "bf16",
     torch.complex64: "c64",
     torch.float16: "f16",
+    torch.int64: "i64",
+    torch.int32: "i32",
 }
 
 
@@ -301,6 +328,8 @@ def case_seed(*parts: Any) -> int:
 
 def _rand(shape, dtype, seed) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
+    if not (dtype.is_floating_point or dtype.is_complex):  # integers: avg must truncate
+        return torch.randint(-50, 51, tuple(shape), generator=g, dtype=dtype)
     if dtype.is_complex:
         return torch.randn(*shape, generator=g, dtype=dtype)
     return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
@@ -412,7 +441,7 @@ def global_reference(inp: Input, shape: Sequence[int]) -> torch.Tensor | None:
     src = inp.src
     partial_dims = [i for i, p in enumerate(src) if p.is_partial()]
     ops = {src[i].reduce_op for i in partial_dims}
-    if len(ops) > 1:
+    if len(ops) > 1 and ops != {"sum", "avg"}:
         return None
     locals_ = inp.dt._local_tensor._local_tensors
     sample = next(iter(locals_.values()))
@@ -427,6 +456,12 @@ def global_reference(inp: Input, shape: Sequence[int]) -> torch.Tensor | None:
     stacked = torch.stack(list(contribs.values()))
     if not partial_dims:
         return stacked[0]
+    if len(ops) > 1:  # sum and avg mixed: a sum, divided by the sizes of the avg dims
+        scale = 1
+        for i in partial_dims:
+            if src[i].reduce_op == "avg":
+                scale *= mesh_shape[i]
+        return stacked.sum(0) / scale
     return _REDUCE[ops.pop()](stacked)
 
 
@@ -437,6 +472,8 @@ def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
         torch.complex64: (1e-5, 1e-5),
         torch.bfloat16: (0.05, 0.05),
         torch.float16: (5e-3, 5e-3),
+        torch.int64: (0, 0),
+        torch.int32: (0, 0),
     }[dtype]
 
 
@@ -447,11 +484,15 @@ def oracle_sanity(inp: Input, out: DTensor, shape, dst: Sequence[Placement]) -> 
         return
     if any(type(p) not in (Replicate, Shard, Partial) for p in (*inp.src, *dst_n)):
         return  # e.g. _StridedShard: local_slice models default-order Shard only
+    out_dtype = out._local_tensor.dtype
+    if not (out_dtype.is_floating_point or out_dtype.is_complex) and any(
+        p.is_partial() and p.reduce_op == "avg" for p in inp.src
+    ):
+        return  # integer avg truncates at every reduction: no exact global reference
     ref = global_reference(inp, shape)
     if ref is None:
         return
     exact = not any(p.is_partial() for p in inp.src)
-    out_dtype = out._local_tensor.dtype
     mesh_shape = tuple(inp.mesh.shape)
     for r, c in inp.coords.items():
         got = local_tensors(out)[r]

@@ -185,11 +185,15 @@ def _merged_step(mesh: MeshSpec, run: Sequence[ir.StepInfo]) -> ir.StepInfo:
     # affected dim: logical shapes shrink monotonically along the mesh dims).
     outer = min(run, key=lambda s: s.mesh_dims[0])
     src = run[0].src
+    scale = 1
     if src.is_partial():
-        # sum+avg would become sum plus a scale; DTensor forbids mixed partials,
-        # so the op is uniform here and the count/bytes do not depend on it.
         src = Partial(src.reduce_op)
-    return ir.StepInfo(run[0].index, dims, src, run[0].dst, outer.logical_shape)
+        if len({s.src.reduce_op for s in run}) > 1:
+            # torch runs a sum+avg mix as a sum, then divides by avg_scale (the
+            # sizes of the avg dims); the count and bytes do not depend on it.
+            src = Partial("sum")
+            scale = math.prod(mesh.sizes[s.mesh_dims[0]] for s in run if s.src.reduce_op == "avg")
+    return ir.StepInfo(run[0].index, dims, src, run[0].dst, outer.logical_shape, scale)
 
 
 def torch_merged_steps(

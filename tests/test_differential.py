@@ -39,3 +39,13 @@ def test_mesh_variants(case):
 @pytest.mark.parametrize("case", _params("api"))
 def test_api_variants(case):
     run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("mixed_partials"))
+def test_mixed_partials(case):
+    run_case(case)
+
+
+@pytest.mark.parametrize("case", _params("chains"))
+def test_chains(case):
+    run_case(case)

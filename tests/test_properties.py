@@ -4,7 +4,7 @@
    backend): random meshes (1-4 dims, sizes 1-5, at most ``MAX_EXEC_RANKS``
    ranks: the fake world's size), random available flattened groups (any
    subsets of the ascending mesh-dim sets), random placements (R, S(d) with
-   negative d, P with one reduce op of sum/avg/max/min), random small shapes
+   negative d, P with one reduce op of sum/avg/max/min or sum and avg mixed), random small shapes
    (uneven and zero-size), float64/float32 small-integer data, groups policy
    existing/create. ``redist_opt.redistribute`` must equal the oracle (torch,
    merge pass disabled) on every rank: bitwise, except avg reductions (another
@@ -85,7 +85,8 @@ N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", "5000"))
 # fixture (conftest.py) initialises it with harness.WORLD_SIZE ranks.
 MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
 MAX_PLAN_RANKS = 5**4
-OPS = ("sum", "avg", "max", "min")
+# "sum|avg": every Partial draws sum or avg (torch accepts that mix, issue 10).
+OPS = ("sum", "avg", "max", "min", "sum|avg")
 SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])  # uneven and zero-size included
 
 RAN: Counter = Counter()  # examples each property ran (shrinking replays included)
@@ -127,6 +128,8 @@ def _shard_or(draw, options: str, tnd: int, op: str):
         return Replicate()
     if kind == "S":
         return Shard(draw(ints(-tnd, tnd - 1)))
+    if op == "sum|avg":
+        return Partial(("sum", "avg")[draw(ints(0, 1))])
     return Partial(op)
 
 
@@ -149,7 +152,8 @@ def requests(draw, max_ranks: int, planning: bool):
     for s in src:
         # P -> P (kept as is); R -> P only in plans (redistribute rejects it, as torch does)
         keep_p = s.is_partial() or (planning and s.is_replicate())
-        dst.append(_shard_or(draw, "RSP" if keep_p else "RS", tnd, op))
+        d = _shard_or(draw, "RSP" if keep_p else "RS", tnd, op)
+        dst.append(s if s.is_partial() and d.is_partial() else d)  # P -> P keeps its op
     policy = ("existing", "create")[draw(ints(0, 1))]
     return {"sizes": sizes, "flattened": flattened, "src": src, "dst": tuple(dst),
             "shape": shape, "policy": policy, "op": op}
