@@ -110,6 +110,9 @@ class RedistPass(PassBase):
     """A pass over the collective IR. Subclasses set ``name`` (kebab-case)."""
 
     name: str = ""
+    # True for a pass that may trade bytes for launches (more bytes, less modelled
+    # time). reorder-collectives budgets bytes without such passes.
+    may_add_bytes: bool = False
 
     def __init__(self, ctx: PassContext) -> None:
         super().__init__()

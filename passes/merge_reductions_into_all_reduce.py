@@ -56,6 +56,7 @@ _KINDS = ("all_reduce", "reduce_scatter")
 
 class MergeReductionsIntoAllReduce(RedistPass):
     name = "merge-reductions-into-all-reduce"
+    may_add_bytes = True
 
     def call(self, graph_module):
         regs = S.regions(graph_module)

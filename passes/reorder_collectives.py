@@ -25,8 +25,13 @@ before it moves and grows only at the end) and the same keyed by merge group
 first (so steps that can merge are not separated by a local step). Each
 candidate, and the original order, is run through the merge passes; the one
 with the least modelled time wins, among those that issue no more collectives
-and move no more bytes than the original order does after merging. Ties keep
-the original order, so the result is deterministic and identical on every rank.
+than the original order does after merging and move no more bytes than it does
+after the merges that never add bytes (a candidate that a byte-trading pass
+such as merge-reductions-into-all-reduce rewrote may move as many bytes as the
+original order after all passes). So a byte-trading rewrite of the original
+order cannot hide a cheaper order, and a reorder never adds bytes by itself.
+Ties keep the original order, so the result is deterministic and identical on
+every rank.
 
 Not done: reordering that changes floating-point summation order is accepted
 (results equal the reference up to rounding); no reordering across steps that
@@ -94,7 +99,12 @@ class ReorderCollectives(RedistPass):
         )
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]
-        eligible = [(sc, o) for sc, o in scored if sc[1] <= base[1] and sc[2] <= base[2]]
+        # Bytes budget: the original order after the merges that never add bytes.
+        budget = self._score(graph_module, regs, identity, byte_safe=True)[2] if base[3] else base[2]
+        eligible = [
+            (sc, o) for sc, o in scored
+            if sc[1] <= base[1] and (sc[2] <= budget or (sc[3] and sc[2] <= base[2]))
+        ]  # fmt: skip
         best_score, best = min(eligible, key=lambda so: (so[0][0], so[0][1], so[0][2]))
         if best == identity or best_score[0] >= base[0]:
             return PassResult(graph_module, False)
@@ -117,22 +127,30 @@ class ReorderCollectives(RedistPass):
             self._relowered[key] = S.relower(graph_module, self.ctx.mesh, new_steps, provenance)
         return self._relowered[key]
 
-    def _score(self, graph_module, regs, order) -> tuple[float, int, int]:
-        """(modelled time, collectives, bytes) of ``order`` after the merge passes."""
+    def _score(self, graph_module, regs, order, *, byte_safe: bool = False) -> tuple[float, int, int, bool]:
+        """(modelled time, collectives, bytes, bytes traded) of ``order`` after the merge passes.
+
+        ``byte_safe``: run only the passes that never add bytes. The last item says
+        whether a pass that may add bytes changed the plan.
+        """
         import dataclasses
 
         from . import DEFAULT_PIPELINE
 
         gm = graph_module if order == list(range(len(regs))) else self._relower(graph_module, regs, order)
+        traded = False
         if self._merges_possible:
             scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
             for cls in DEFAULT_PIPELINE:
-                if cls is not type(self):
-                    gm = cls(scratch)(gm).graph_module
+                if cls is type(self) or (byte_safe and cls.may_add_bytes):
+                    continue
+                result = cls(scratch)(gm)
+                gm = result.graph_module
+                traded |= result.modified and cls.may_add_bytes
         time = nbytes = count = 0
         for node in ir.collective_nodes(gm):
             b = self.ctx.bytes_of(node.args[0].meta["shape"])
             time += self.ctx.cost.collective_time(ir.ir_name(node), node.args[1], b, self.ctx.mesh)
             nbytes += b
             count += 1
-        return (time, count, nbytes)
+        return (time, count, nbytes, traded)
