@@ -62,6 +62,7 @@ from .raise_graph import (
     assign_placements,
     find_chains,
     mesh_contexts,
+    truncate,
 )
 
 __all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "count_collectives"]
@@ -189,11 +190,19 @@ def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassRe
     results: list[ChainResult] = []
     modified = False
     for ci, chain in enumerate(chains):
-        why = failed.get(ci) or assign_placements(chain)
+        if ci in failed:
+            pos, why = failed[ci]
+            whole = chain.names
+            if not truncate(chain, pos, why):
+                not_raised.append(NotRaised(whole, why))
+                continue
+        why = assign_placements(chain)
         if why is not None:
             not_raised.append(NotRaised(chain.names, why))
             continue
         res, new_value, plans = _optimize_chain(graph, chain, groups, cost, prefer)
+        if chain.stop_reason and not res.rewritten:
+            res.reason += f"; the chain stops before {chain.stop_reason}"
         results.append(res)
         if dump_dir is not None:
             _write(dump_dir, f"{tag}.chain{ci:02d}.txt", _chain_dump(chain, res, plans))

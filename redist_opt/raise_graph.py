@@ -380,7 +380,9 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
                     return ops, None
                 ops.append(ChainOp("view", (node,)))
                 last = node
-            elif node.target in _POINTWISE and _scalar_args(node):
+            elif node.target in _POINTWISE and _scalar_args(node) and shape_out == shape_in and (
+                _val(node).dtype == _val(node.args[0]).dtype
+            ):
                 ops.append(ChainOp("pointwise", (node,)))
                 last = node
             else:
@@ -524,7 +526,7 @@ def slice_candidates(chain: Chain) -> list[list[tuple[int, ...]]]:
     return out
 
 
-def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, str]:
+def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, tuple[int, str]]:
     """Give every slice its mesh dims, the same on every rank (legality 5).
 
     A slice whose size matches exactly one ordered dim set of the root mesh needs no
@@ -532,43 +534,56 @@ def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, str]
     (``all_gather(facts) -> list of every rank's facts``, by default one
     ``all_gather_object`` over the world, made iff the graph has such a slice, which
     is the same on every rank); a slice is resolved when exactly one candidate is
-    common to all ranks. Returns {chain index: reason} for chains left unresolved.
+    common to all ranks. Returns {chain index: (position in chain.ops, reason)} for
+    the first unresolved slice of each chain.
     """
-    facts = []  # (chain index, slice position, candidates) needing agreement
-    failed: dict[int, str] = {}
+    facts = []  # (chain index, op position, candidates) needing agreement
+    failed: dict[int, tuple[int, str]] = {}
+
+    def fail(ci, pos, reason):
+        if ci not in failed or failed[ci][0] > pos:
+            failed[ci] = (pos, reason)
+
     for ci, chain in enumerate(chains):
-        slices = [op for op in chain.ops if op.kind == "slice"]
-        for si, (op, cands) in enumerate(zip(slices, slice_candidates(chain))):
-            if len(chain.ctx.candidate_dims(op.n)) == 1:
-                if not cands:
-                    failed[ci] = f"{op.nodes[0].name}: block {op.index} is not this rank's"
-                else:
+        for pos, op in enumerate(chain.ops):
+            if op.kind != "slice":
+                continue
+            all_dims = chain.ctx.candidate_dims(op.n)
+            cands = [d for d in all_dims if chain.ctx.block_index(d) == op.index]
+            if len(all_dims) == 1:
+                if cands:
                     object.__setattr__(op, "dims", cands[0])
+                else:
+                    fail(ci, pos, f"{op.nodes[0].name}: block {op.index} is not this rank's")
             else:
-                facts.append((ci, si, cands))
+                facts.append((ci, pos, sorted(cands)))
     if not facts:
         return failed
-    mine = [sorted(c) for _, _, c in facts]
-    if all_gather is None:
-        all_gather = _world_all_gather
-    gathered = all_gather(mine)
-    if isinstance(gathered, str):
-        for ci, si, _ in facts:
-            failed.setdefault(ci, gathered)
-        return failed
-    for j, (ci, si, _) in enumerate(facts):
+    mine = [c for _, _, c in facts]
+    gathered = (all_gather or _world_all_gather)(mine)
+    for j, (ci, pos, _) in enumerate(facts):
+        op = chains[ci].ops[pos]
+        if isinstance(gathered, str):
+            fail(ci, pos, f"{op.nodes[0].name}: {gathered}")
+            continue
         common = set(map(tuple, mine[j]))
         for other in gathered:
             common &= set(map(tuple, other[j])) if len(other) == len(mine) else set()
-        op = [o for o in chains[ci].ops if o.kind == "slice"][si]
         if len(common) != 1:
-            failed.setdefault(ci, (
+            fail(ci, pos, (
                 f"{op.nodes[0].name}: the mesh dims this slice selects over are not determined "
                 f"(candidates common to all ranks: {sorted(common)})"
             ))
         else:
             object.__setattr__(op, "dims", next(iter(common)))
     return failed
+
+
+def truncate(chain: Chain, pos: int, reason: str) -> bool:
+    """Cut the chain before op ``pos`` (and trailing views); False if nothing is left."""
+    chain.ops = _trim(list(chain.ops[:pos]))
+    chain.stop_reason = reason
+    return bool(chain.collectives)
 
 
 def _world_all_gather(facts):
