@@ -350,3 +350,36 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
 if __name__ == "__main__":
     if sys.argv[1] == "fake":
         print("JSON" + json.dumps(fake_main(int(sys.argv[2]))))
+
+
+def fake_inductor(rank: int) -> dict:
+    """simplefsdp (with the dp_replicate x tp group) through Inductor with the pass as
+    ``post_grad_custom_post_pass``: what the pass did, and the generated code's collectives."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from redist_opt.graph_pass import RedistGraphPass
+
+    dist.init_process_group("fake", rank=rank, world_size=8)
+    meshes = make_meshes()
+    meshes["m3"]["dpr", "tp"]._flatten()
+    pass_ = RedistGraphPass(meshes=meshes["m3"])
+    fn = simplefsdp(meshes["m3"])
+    x = local_input("simplefsdp", (8, 4), rank)
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with inductor_config.patch(post_grad_custom_post_pass=pass_, fx_graph_cache=False):
+        _, codes = run_and_get_code(torch.compile(fn, backend="inductor", fullgraph=True), x)
+    code = "\n".join(codes)
+    return {
+        "explain": [r.explain() for r in pass_.results],
+        "modified": [r.modified for r in pass_.results],
+        "code_all_reduce": code.count("_c10d_functional.all_reduce"),
+        "code_reduce_scatter": code.count("_c10d_functional.reduce_scatter_tensor"),
+        "uuid": pass_.uuid().hex(),
+    }
+
+
+if __name__ == "__main__" and sys.argv[1] == "inductor":
+    print("JSON" + json.dumps(fake_inductor(int(sys.argv[2]))))
