@@ -228,7 +228,14 @@ def fake_main(rank: int) -> dict:
 # -- gloo ranks (execution) -------------------------------------------------------------------------
 
 
-def gloo_programs(rank: int, world: int) -> dict:
+def _log(rank, *msg):
+    path = os.environ.get("GRAPH_PASS_LOG")
+    if path:
+        with open(f"{path}.{rank}", "a") as f:
+            print(*msg, file=f, flush=True)
+
+
+def gloo_programs(rank: int, world: int, only=None) -> dict:
     """Every program eagerly and compiled with the pass; outputs/grads compared on this rank."""
     out = {}
     meshes = make_meshes()
@@ -238,6 +245,9 @@ def gloo_programs(rank: int, world: int) -> dict:
         for name, (make, shape, m) in {**PROGRAMS, **AGREEMENT, **UNCHANGED}.items():
             if flatten and name not in ("simplefsdp", "dtensor_grad"):
                 continue
+            if only is not None and name not in only:
+                continue
+            _log(rank, "program", flatten, name)
             grad = name in GRAD
             mesh = meshes[m]
             fn = make(mesh)
@@ -249,7 +259,9 @@ def gloo_programs(rank: int, world: int) -> dict:
                 ref_grad = x.grad.clone()
                 x.grad = None
             rec = Recorder(meshes=mesh)
+            _log(rank, "  eager done")
             got, got_grad = compile_program(fn, x, rec)
+            _log(rank, "  compiled", [g.get("explain") for g in rec.graphs])
             key = f"{'flat' if flatten else 'noflat'}/{name}"
             assert torch.equal(got, ref.detach()), f"rank {rank} {key}: outputs differ"
             if grad:
