@@ -213,3 +213,21 @@ def test_inductor_post_grad_custom_post_pass():
     assert r["modified"] == [True], r["explain"]
     assert "all_reduce(dpr+tp)" in r["explain"][0]
     assert r["code_all_reduce"] == 1  # Inductor's generated code has the merged all_reduce only
+
+
+def test_groups_create_makes_the_product_group(mesh3):
+    g1, g2 = mesh3.get_group(1), mesh3.get_group(2)
+
+    def f(x):
+        return funcol.all_reduce(funcol.all_reduce(x, "sum", g1), "sum", g2) * 2
+
+    gm = _trace(f, (4, 4))
+    code = gm.code
+    optimize_graph(gm, meshes=mesh3, prefer="consistency")  # no y+z group: unchanged
+    assert gm.code == code
+    result = optimize_graph(gm, meshes=mesh3, groups="create", prefer="consistency")
+    assert count_collectives(gm) == {"all_reduce": 1}, result.explain()
+    (name,) = [n.args[2] for n in gm.graph.nodes if n.target is torch.ops._c10d_functional.all_reduce.default]
+    ranks = dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name))
+    assert ranks == [0, 1, 2, 3]  # y+z through rank 0's coordinate
+    assert "aten.mul.Tensor" in gm.code
