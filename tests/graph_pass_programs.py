@@ -287,10 +287,11 @@ def random_program(seed: int):
     """A chain of DTensor redistributions, hand-written funcol all_reduces and pointwise
     ops on a 2x2 mesh, described as data (same on every rank for a seed)."""
     rnd = random.Random(seed)
-    src = [rnd.choice(_PLACEMENTS) for _ in range(2)]
+    # Partial sources are the interesting ones (reductions to merge, reorder, scatter).
+    src = [rnd.choice(["P", "P", "R", "S0", "S1"]) for _ in range(2)]
     steps = []
     cur = list(src)
-    for _ in range(rnd.randint(1, 4)):
+    for _ in range(rnd.randint(2, 4)):
         kind = rnd.random()
         partial_dims = [d for d in range(2) if cur[d] == "P"]
         if kind < 0.25 and partial_dims:
@@ -298,9 +299,8 @@ def random_program(seed: int):
             steps.append(("funcol_all_reduce", d))
             cur[d] = "R"
         elif kind < 0.4:
+            # a partial times a scalar stays partial in DTensor (linear): allowed anywhere
             steps.append(("scale", rnd.choice([2, -1, 3])))
-            if "P" in cur:  # DTensor makes a partial * scalar a partial: keep it linear
-                pass
         else:
             tgt = [rnd.choice(["R", "S0", "S1"]) if cur[d] != "P" or rnd.random() < 0.8
                    else "P" for d in range(2)]
