@@ -119,8 +119,9 @@ def lower_into_graph(graph: fx.Graph, chain, plan, policy: str) -> fx.Node:
             raise Unlowerable(f"the optimized plan needs {name}, which is not lowered into graphs")
         if ir.is_collective(n) and n.args[1] not in names:
             names[n.args[1]] = group_name(ctx, n.args[1], policy)
-    first_coll = next(op.nodes[0] for op in chain.ops if op.kind in ("all_reduce", "reduce_scatter", "all_gather"))
-    last_wait = [op.nodes[-1] for op in chain.ops if op.kind in ("all_reduce", "reduce_scatter", "all_gather")][-1]
+    colls = [op for op in chain.ops if op.kind in ("all_reduce", "reduce_scatter", "all_gather")]
+    first_coll = colls[0].nodes[0]  # (or the split/cat laying out its input)
+    last_wait = next(n for n in colls[-1].nodes if n.target is C10D.wait_tensor.default)
     last_coll_index = max([i for i, n in enumerate(ops) if ir.is_collective(n)], default=-1)
 
     emit = _Emitter(graph)

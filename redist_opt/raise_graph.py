@@ -343,6 +343,44 @@ def _scalar_args(node: fx.Node) -> bool:
     return all(isinstance(a, (int, float, bool)) for a in rest)
 
 
+def _split_cat(split: fx.Node):
+    """``cat([split(x, s, d)[0], ..., split(x, s, d)[n-1]], c)`` with nothing else using the
+    pieces: (d, c, n, nodes) or None. funcol's gather/scatter on a non-zero dim is this."""
+    if split.op != "call_function" or split.target is not aten.split.Tensor:
+        return None
+    d = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    items = list(split.users)
+    if not items or any(u.target is not operator.getitem or len(u.users) != 1 for u in items):
+        return None
+    cat = next(iter(items[0].users))
+    if cat.target is not aten.cat.default or any(next(iter(u.users)) is not cat for u in items):
+        return None
+    pieces = list(cat.args[0])
+    if sorted(pieces, key=lambda u: u.args[1]) != pieces or [u.args[1] for u in pieces] != list(range(len(items))):
+        return None
+    if len(pieces) != len(items):
+        return None
+    c = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    shape = _shape(split.args[0])
+    if shape is None or shape[d % len(shape)] != split.args[1] * len(items):
+        return None
+    return d % len(shape), c % len(shape), len(items), (split, *pieces, cat)
+
+
+def scatter_prologue(rs: fx.Node):
+    """The split/cat that lays tensor dim d out on dim 0 before a reduce_scatter, or None."""
+    cat = rs.args[0]
+    if not isinstance(cat, fx.Node) or cat.target is not aten.cat.default or len(cat.users) != 1:
+        return None
+    first = cat.args[0][0] if cat.args[0] else None
+    if not isinstance(first, fx.Node) or first.target is not operator.getitem:
+        return None
+    found = _split_cat(first.args[0])
+    if found is None or found[1] != 0 or found[0] == 0 or found[2] != rs.args[2]:
+        return None
+    return found
+
+
 def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
     """Greedy walk from collective ``start``: the ops of the chain and why it stopped."""
     ops: list[ChainOp] = []
@@ -350,6 +388,13 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
     while node is not None:
         if node.op != "call_function":
             return ops, None
+        prologue = ()
+        tensor_dim = 0
+        if node.target is aten.split.Tensor:
+            found = _split_cat(node)
+            rs = _sole_user(found[3][-1]) if found else None
+            if rs is not None and rs.target is C10D.reduce_scatter_tensor.default and scatter_prologue(rs):
+                tensor_dim, prologue, node = found[0], found[3], rs
         kind = _COLLECTIVES.get(node.target)
         if kind is not None:
             if kind == "all_to_all":
@@ -365,11 +410,16 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
             op = node.args[1] if kind in ("all_reduce", "reduce_scatter") else None
             if op is not None and op not in _REDUCE_OPS:
                 return ops, f"{node.name}: reduce op {op!r} is not raised"
+            nodes = (*prologue, node, wait)
+            if kind == "all_gather":
+                found = _split_cat(_sole_user(wait)) if _sole_user(wait) is not None else None
+                if found and found[0] == 0 and found[1] != 0 and found[2] == node.args[1]:
+                    tensor_dim, nodes = found[1], nodes + found[3]
             ops.append(
-                ChainOp(kind, (node, wait), dims=dims, tensor_dim=None if kind == "all_reduce" else 0,
+                ChainOp(kind, nodes, dims=dims, tensor_dim=None if kind == "all_reduce" else tensor_dim,
                         reduce_op=op, group_name=group, ctx=ctx)
             )
-            last = wait
+            last = nodes[-1]
         else:
             shape_in = _shape(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
             shape_out = _shape(node)
@@ -413,7 +463,12 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
     for node in graph.nodes:
         if node in seen or node.op != "call_function" or node.target not in _COLLECTIVES:
             continue
-        ops, why = _walk(node, contexts, cache)
+        start = node
+        if node.target is C10D.reduce_scatter_tensor.default:
+            pro = scatter_prologue(node)
+            if pro is not None and not (set(pro[3]) & seen):
+                start = pro[3][0]
+        ops, why = _walk(start, contexts, cache)
         ops = _trim(ops)
         for op in ops:
             seen.update(op.nodes)
@@ -425,7 +480,7 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
             skipped.append(NotRaised(tuple(n.name for op in ops for n in op.nodes),
                                      "collectives of the chain live on different root meshes"))
             continue
-        chain = Chain(node.args[0], ops, next(iter(ctxs.values())))
+        chain = Chain(start.args[0], ops, next(iter(ctxs.values())))
         chain.stop_reason = why
         chains.append(chain)
     return chains, skipped
