@@ -167,7 +167,7 @@ def optimize_graph(
     (flattened groups created at compile time, in graph order).
     ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.
     ``all_gather``: how ranks agree on the mesh dims of constant-index slices
-    (default: ``all_gather_object`` over the world; see ``raise_graph.agree_slice_dims``).
+    (default: through the default group's store; see ``raise_graph.agree_slice_dims``).
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -40,8 +40,9 @@ left exactly as it was and a one-line reason is recorded):
    block) *and* the mesh dims it selects over are known on every rank alike: the
    root mesh has exactly one ordered set of dims of that size whose block index
    is this rank's, after intersecting the candidates of all ranks
-   (:func:`agree_slice_dims`, one ``all_gather_object`` at compile time on a real
-   backend; a hand-written ``chunk(n)[0]`` has no candidate common to all ranks).
+   (:func:`agree_slice_dims`: one exchange through the default group's store at
+   compile time on a real backend; a hand-written ``chunk(n)[0]`` has no
+   candidate common to all ranks).
 6. Pointwise ops with scalar operands (``mul``/``div``/``add``/``sub``/``neg``/...)
    are allowed only where no mesh dim is partial any more: they then commute
    exactly with the remaining data movement and are re-applied at the end.
@@ -586,8 +587,8 @@ def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, tupl
 
     A slice whose size matches exactly one ordered dim set of the root mesh needs no
     communication. Otherwise the candidate sets of all ranks are intersected
-    (``all_gather(facts) -> list of every rank's facts``, by default one
-    ``all_gather_object`` over the world, made iff the graph has such a slice, which
+    (``all_gather(facts) -> list of every rank's facts``, by default one exchange
+    through the default group's store, made iff the graph has such a slice, which
     is the same on every rank); a slice is resolved when exactly one candidate is
     common to all ranks. Returns {chain index: (position in chain.ops, reason)} for
     the first unresolved slice of each chain.
@@ -641,14 +642,32 @@ def truncate(chain: Chain, pos: int, reason: str) -> bool:
     return bool(chain.collectives)
 
 
-def _world_all_gather(facts):
+_AGREE_SEQ = itertools.count()
+
+
+def _world_all_gather(facts, timeout_s: float = 300.0):
+    """Every rank's ``facts``, exchanged through the default group's store (not a collective:
+    a compile-time collective on the world group can interleave with collectives the
+    program still has in flight on it; store keys cannot). Returns a reason string when
+    there is no such store."""
+    import datetime
+    import pickle
+
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return "no process group to agree on slice dims across ranks"
     if dist.get_backend() == "fake":
-        return ("the mesh dims of a constant-index slice need agreement across ranks, "
+        return ("its mesh dims need agreement across ranks (several dim sets have its size), "
                 "which the fake backend cannot give")
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, facts)
-    return out
+    store = dist.distributed_c10d._get_default_store()
+    # Agreements happen in graph order, the same on every rank: the counter names them.
+    key = f"redist_opt/graph_pass/agree/{next(_AGREE_SEQ)}"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store.set(f"{key}/{rank}", pickle.dumps(facts))
+    keys = [f"{key}/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 - a rank that did not run the pass: no rewrite here
+        return f"ranks did not all report their slice facts ({type(e).__name__})"
+    return [pickle.loads(store.get(k)) for k in keys]

@@ -334,8 +334,14 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
     """Each random program eagerly and compiled with the pass: equal outputs, never more collectives."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
     results = []
+    if os.environ.get("GRAPH_PASS_LOG"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(240, exit=False,
+                                          file=open(f"{os.environ['GRAPH_PASS_LOG']}.tb.{rank}", "w"))
     for seed in seeds:
         program = random_program(seed)
+        _log(rank, "seed", seed, program)
         fn = build_random(mesh, program)
         src = program[0]
         rows, cols = 8, 8
