@@ -67,13 +67,6 @@ from .raise_graph import (
 
 __all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "count_collectives"]
 
-_KIND = {
-    "all_reduce": "all_reduce",
-    "reduce_scatter": "reduce_scatter",
-    "all_gather": "all_gather",
-}
-
-
 @dataclasses.dataclass
 class ChainResult:
     """One raised chain: what it meant, what it was, and what it became."""
@@ -274,17 +267,32 @@ class RedistGraphPass(CustomGraphPass):
 
     ``uuid()`` hashes this pass's source files and its options: FX graph caching
     reuses a compiled graph only when the pass that produced it is the same.
-    The last :class:`GraphPassResult` is kept in ``self.results`` (one per graph).
+    The :class:`GraphPassResult` of each graph is appended to ``self.results``.
+
+    Two things are deliberately off in this hook, because with FX graph caching
+    one rank may load a cached graph (and not run the pass) while another
+    compiles: creating groups (``groups="create"`` is refused: a cached graph
+    would name a group the loading process never created), and agreeing across
+    ranks on the mesh dims of constant-index slices (a rank that does not run the
+    pass would never answer). Slices whose mesh dims are unambiguous are still
+    rewritten. ``redist_opt.backend`` runs the pass outside Inductor's cache and
+    has neither restriction.
     """
 
     def __init__(self, *, meshes=None, groups: str = "existing", cost: CostModel | None = None,
                  prefer: str = "time") -> None:
+        if groups != "existing":
+            raise ValueError(
+                "RedistGraphPass takes groups='existing' only: flatten the mesh dims you want "
+                "merged before compiling, or use redist_opt.backend(groups='create')"
+            )
         self.meshes, self.groups, self.cost, self.prefer = meshes, groups, cost, prefer
         self.results: list[GraphPassResult] = []
 
     def __call__(self, graph: fx.Graph) -> None:
         self.results.append(
-            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost, prefer=self.prefer)
+            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost,
+                           prefer=self.prefer, all_gather=_no_agreement)
         )
 
     def uuid(self):
@@ -293,6 +301,10 @@ class RedistGraphPass(CustomGraphPass):
         cost = self.cost.to_dict() if self.cost is not None else "default"
         extra = repr((self.groups, self.prefer, sorted(cost.items()) if isinstance(cost, dict) else cost))
         return get_hash_for_files((__file__, raise_graph.__file__, lower_graph.__file__), extra)
+
+
+def _no_agreement(facts):
+    return "no agreement across ranks inside Inductor's (cacheable) post-grad pass"
 
 
 # -- dumps ----------------------------------------------------------------------------------

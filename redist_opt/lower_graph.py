@@ -71,7 +71,7 @@ def _fake_val(target, args, kwargs):
 
     vargs, vkwargs = val(args), {k: val(v) for k, v in kwargs.items()}
     flat = [a for a in torch.utils._pytree.tree_leaves((vargs, vkwargs)) if isinstance(a, torch.Tensor)]
-    if any(a is None for a in torch.utils._pytree.tree_leaves(vargs)) and not flat:
+    if not flat:
         return None
     from torch._guards import detect_fake_mode
 

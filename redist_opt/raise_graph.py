@@ -19,7 +19,9 @@ Legality (a chain is raised only when every condition holds; otherwise it is
 left exactly as it was and a one-line reason is recorded):
 
 1. Every collective is ``all_reduce`` (sum/avg/max/min), ``reduce_scatter_tensor``
-   or ``all_gather_into_tensor`` (tensor dim 0), and its only user is its
+   or ``all_gather_into_tensor`` (tensor dim 0, or dim d when funcol's
+   ``cat(split(x, s, d), 0)`` before a scatter / ``cat(split(y, s, 0), d)`` after a
+   gather surrounds it, every piece used once in order), and its only user is its
    ``wait_tensor``; intermediate values have exactly one user (the next op of the
    chain), so nothing else observes a value the rewrite removes.
 2. Every group name resolves (``_resolve_process_group`` +
@@ -74,7 +76,9 @@ __all__ = [
     "MeshContext",
     "mesh_contexts",
     "find_chains",
-    "is_collective_node",
+    "assign_placements",
+    "agree_slice_dims",
+    "truncate",
 ]
 
 C10D = torch.ops._c10d_functional
@@ -111,10 +115,6 @@ _POINTWISE = {
     aten.relu.default,
     aten.abs.default,
 }
-
-
-def is_collective_node(node: fx.Node) -> bool:
-    return node.op == "call_function" and (node.target in _COLLECTIVES or node.target is _WAIT)
 
 
 # -- meshes and groups -----------------------------------------------------------------

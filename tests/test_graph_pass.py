@@ -193,7 +193,8 @@ def test_dumps(mesh3, tmp_path, monkeypatch):
 def test_custom_graph_pass_uuid_and_call(mesh3):
     a, b = RedistGraphPass(), RedistGraphPass()
     assert a.uuid() == b.uuid()  # stable: FX graph cache keys stay valid
-    assert RedistGraphPass(groups="create").uuid() != a.uuid()
+    with pytest.raises(ValueError, match="groups='existing' only"):
+        RedistGraphPass(groups="create")
     assert RedistGraphPass(prefer="consistency").uuid() != a.uuid()
     g0, g1 = mesh3.get_group(0), mesh3.get_group(1)
 
