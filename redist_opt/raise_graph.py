@@ -444,7 +444,8 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
                 last = op.nodes[-1]
         node = _sole_user(last)
         if node is None:
-            return ops, None
+            n = len(last.users)
+            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None)
     return ops, None
 
 

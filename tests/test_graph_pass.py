@@ -113,6 +113,8 @@ def test_unraisable_graphs_come_out_unchanged(report, name):
 def test_user_chunk_reason(report):
     (g,) = report["noflat/user_chunk"]
     assert "cannot be proven to select this rank's block" in g["explain"]
+    (g,) = report["noflat/two_users"]
+    assert "has 2 users" in g["explain"]
 
 
 # -- graph-level tests in this process (make_fx, fake PG of the test session) ----------------------
