@@ -45,6 +45,9 @@ left exactly as it was and a one-line reason is recorded):
    (:func:`agree_slice_dims`: one exchange through the default group's store at
    compile time on a real backend; a hand-written ``chunk(n)[0]`` has no
    candidate common to all ranks).
+   A mesh dim the chain has not touched before such a slice is taken to hold
+   equal replicas: the DTensor that issued the slice declares it ``Replicate``
+   (so "slice then gather back" over it is the identity).
 6. Pointwise ops with scalar operands (``mul``/``div``/``add``/``sub``/``neg``/...)
    are allowed only where no mesh dim is partial any more: they then commute
    exactly with the remaining data movement and are re-applied at the end.
