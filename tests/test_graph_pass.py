@@ -170,6 +170,10 @@ def test_reductions_merge_over_existing_group(mesh3):
     # the wait of the merged collective sits where the last original wait was
     waits = [n for n in gm.graph.nodes if n.target is torch.ops._c10d_functional.wait_tensor.default]
     assert len(waits) == 1
+    # meshes=None: the program's live DeviceMeshes are found and give the same rewrite
+    gm = _trace(f, (4, 4))
+    optimize_graph(gm, prefer="consistency")
+    assert count_collectives(gm) == {"all_reduce": 1}
 
 
 def test_dumps(mesh3, tmp_path, monkeypatch):
