@@ -672,26 +672,41 @@ def _ratio(a: float, b: float) -> str:
 
 
 def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``redist-opt bench --part quality``."""
-    parser.add_argument("--corpus", default=DEFAULT_CORPUS, metavar="FILE",
-                        help="corpus JSON (default fixtures/corpus.json)")
-    parser.add_argument("--case", action="append", metavar="ID", help="only this case id (repeatable)")
-    parser.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
-                        help="only this category (repeatable)")
-    parser.add_argument("--cost-model", default="nccl", metavar="PROFILE",
-                        help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default nccl)")
-    parser.add_argument("--devices-per-host", type=int, metavar="N",
-                        help="ranks per host for the cost model (consecutive ranks share a host)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip executing our simulation-shape plans (faster)")
-    parser.add_argument("--json", metavar="FILE", help="also write the raw result as JSON")
-    parser.add_argument("--output", "-o", metavar="FILE", help="write the markdown report here (default stdout)")
+    """Arguments of ``redist-opt bench --part quality``.
+
+    Added beside the bench's own options: ``--profile`` (cost profile) and
+    ``--json`` are shared with them and only added when the parser lacks them;
+    the quality-only options have names of their own (``--corpus-case``, since the
+    bench's ``--case`` takes SRC->DST).
+    """
+    have = set(parser._option_string_actions)
+
+    def add(flag, **kw):
+        if flag not in have:
+            parser.add_argument(flag, **kw)
+
+    add("--corpus", default=DEFAULT_CORPUS, metavar="FILE",
+        help="quality: the corpus JSON (default fixtures/corpus.json)")
+    add("--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)")
+    add("--category", action="append", metavar="NAME", choices=CATEGORIES,
+        help="quality: only this corpus category (repeatable)")
+    add("--profile", metavar="PROFILE",
+        help="cost profile: nccl (default), gloo, or a JSON file from `redist-opt calibrate`")
+    add("--devices-per-host", type=int, metavar="N",
+        help="quality: ranks per host for the cost model (consecutive ranks share a host)")
+    add("--no-verify", action="store_true",
+        help="quality: skip executing our simulation-shape plans (faster)")
+    add("--json", metavar="FILE", help="also write the results to this JSON file")
+    add("--report", metavar="FILE", help="quality: write the markdown report here (default stdout)")
 
 
 def _cost_model(profile: str, devices_per_host: int | None):
     from .cost import CostModel
 
-    model = CostModel.profile(profile) if profile in ("nccl", "gloo") else CostModel.load(profile)
+    if profile in ("nccl", "gloo") and not os.path.exists(profile):
+        model = CostModel.profile(profile)
+    else:
+        model = CostModel.load(profile)
     if devices_per_host is not None:
         if devices_per_host < 1:
             raise ValueError(f"--devices-per-host: {devices_per_host} must be >= 1")
@@ -700,19 +715,19 @@ def _cost_model(profile: str, devices_per_host: int | None):
 
 
 def cmd_quality(args) -> int:
-    """``redist-opt bench --part quality``: exit 0, or 1 when ours is worse on some case."""
+    """``redist-opt bench --part quality``: exit 0, 1 when ours is worse on some case, 2 on bad input."""
     try:
         cases = load_corpus(args.corpus)
-        model = _cost_model(args.cost_model, args.devices_per_host)
+        model = _cost_model(getattr(args, "profile", None) or "nccl", args.devices_per_host)
     except (OSError, ValueError) as e:
         print(f"redist-opt bench: error: {e}", file=sys.stderr)
         return 2
-    if args.case:
-        unknown = sorted(set(args.case) - {c.id for c in cases})
+    if args.corpus_case:
+        unknown = sorted(set(args.corpus_case) - {c.id for c in cases})
         if unknown:
-            print(f"redist-opt bench: error: --case: unknown case id(s) {unknown}", file=sys.stderr)
+            print(f"redist-opt bench: error: --corpus-case: unknown case id(s) {unknown}", file=sys.stderr)
             return 2
-        cases = [c for c in cases if c.id in args.case]
+        cases = [c for c in cases if c.id in args.corpus_case]
     if args.category:
         cases = [c for c in cases if c.category in args.category]
 
@@ -722,10 +737,10 @@ def cmd_quality(args) -> int:
 
     result = quality_bench(cases, cost_model=model, verify=not args.no_verify, progress=progress)
     text = format_quality(result)
-    if args.output:
-        with open(args.output, "w") as f:
+    if args.report:
+        with open(args.report, "w") as f:
             f.write(text)
-        print(f"redist-opt bench: wrote {args.output}", file=sys.stderr)
+        print(f"redist-opt bench: wrote {args.report}", file=sys.stderr)
     else:
         print(text, end="")
     if args.json:

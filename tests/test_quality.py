@@ -145,11 +145,25 @@ def test_unsupported_case_is_listed_not_raised():
 
 def test_cli(tmp_path, capsys):
     out, js = tmp_path / "q.md", tmp_path / "q.json"
-    rc = quality.main(["--case", "gradnorm_3d", "--no-verify", "-o", str(out), "--json", str(js)])
+    rc = quality.main(["--corpus-case", "gradnorm_3d", "--no-verify", "--report", str(out), "--json", str(js)])
     assert rc == 0
     text = out.read_text()
     assert "| gradnorm_3d | grad_norm |" in text and "## Totals" in text
     assert js.read_text().lstrip().startswith("{")
-    assert quality.main(["--case", "nope"]) == 2
+    assert quality.main(["--corpus-case", "nope"]) == 2
     assert "unknown case id" in capsys.readouterr().err
     assert quality.main(["--corpus", str(tmp_path / "missing.json")]) == 2
+    assert quality.main(["--corpus-case", "gradnorm_3d", "--profile", str(tmp_path / "nope.json")]) == 2
+
+
+def test_arguments_fit_beside_the_bench_options():
+    """The lead wires them into `redist-opt bench`, which has its own --case/--json/--profile."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", action="append")
+    p.add_argument("--json")
+    p.add_argument("--profile")
+    quality.add_quality_arguments(p)  # no argparse conflict
+    args = p.parse_args(["--corpus-case", "hsdp_grad", "--profile", "gloo", "--json", "x.json"])
+    assert args.corpus_case == ["hsdp_grad"] and args.profile == "gloo" and args.report is None
