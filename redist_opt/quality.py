@@ -458,6 +458,16 @@ def _worse_reasons(ours: dict, torch_row: dict) -> list[str]:
     return reasons
 
 
+def _verdict(ours: dict, torch_row: dict) -> str:
+    """"worse" (see _worse_reasons), "equal" (same count, bytes and time) or "better"."""
+    if _worse_reasons(ours, torch_row):
+        return "worse"
+    same = (ours["collectives"], ours["bytes"]) == (torch_row["collectives"], torch_row["bytes"])
+    if same and math.isclose(ours["time"], torch_row["time"], rel_tol=_REL):
+        return "equal"
+    return "better"
+
+
 def find_worse(result: dict) -> list[dict]:
     """Every (case, policy) where ours is worse than torch; re-derived from the rows."""
     worse = []
@@ -485,13 +495,10 @@ def _totals(rows: list[dict]) -> dict:
             k: sum(r[side][k] for r in comparable) for k in ("collectives", "bytes", "time")
         }
     for policy in POLICIES:
-        better = sum(
-            1 for r in comparable
-            if (r[policy]["collectives"], r[policy]["bytes"], r[policy]["time"])
-            != (r["torch"]["collectives"], r["torch"]["bytes"], r["torch"]["time"])
-            and not _worse_reasons(r[policy], r["torch"])
-        )
-        tot[policy]["better_cases"] = better
+        verdicts = Counter(_verdict(r[policy], r["torch"]) for r in comparable)
+        tot[policy]["better_cases"] = verdicts["better"]
+        tot[policy]["equal_cases"] = verdicts["equal"]
+        tot[policy]["worse_cases"] = verdicts["worse"]
     return tot
 
 
@@ -622,19 +629,19 @@ def format_quality(result: dict, *, details: bool = True) -> str:
         )
     tot = result["totals"]
     lines += ["", f"## Totals ({tot['compared']} of {tot['cases']} cases where all three sides ran)", ""]
-    lines.append("| | collectives | bytes per rank | modelled time | cases better than torch |")
-    lines.append("| --- | --- | --- | --- | --- |")
+    lines.append("| | collectives | bytes per rank | modelled time | vs torch (collectives, bytes, time) | cases better / equal |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
     base = tot["torch"]
     for side in ("torch",) + POLICIES:
         t = tot[side]
-        rel = "" if side == "torch" else (
-            f" ({_ratio(t['collectives'], base['collectives'])}, {_ratio(t['bytes'], base['bytes'])}, "
-            f"{_ratio(t['time'], base['time'])} of torch)"
-        )
-        label = "torch (merge on)" if side == "torch" else f"ours groups={side}"
+        if side == "torch":
+            label, rel, cases = "torch (merge on)", "1, 1, 1", "-"
+        else:
+            label = f"ours groups={side}"
+            rel = ", ".join(_ratio(t[k], base[k]) for k in ("collectives", "bytes", "time"))
+            cases = f"{t['better_cases']} / {t['equal_cases']}"
         lines.append(
-            f"| {label} | {t['collectives']} | {_fmt_bytes(t['bytes'])} | {_fmt_us(t['time'])} | "
-            f"{t.get('better_cases', '-')} |" + (f" {rel.strip()}" if rel else "")
+            f"| {label} | {t['collectives']} | {_fmt_bytes(t['bytes'])} | {_fmt_us(t['time'])} | {rel} | {cases} |"
         )
     lines += ["", "## Cases where ours is worse than torch", ""]
     if worse:
@@ -665,7 +672,7 @@ def format_quality(result: dict, *, details: bool = True) -> str:
 
 
 def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}x" if b else "-"
+    return f"{a / b:.3f}" if b else "-"
 
 
 # -- CLI ------------------------------------------------------------------------------
