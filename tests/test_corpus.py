@@ -67,7 +67,9 @@ def _uneven_dims(case) -> list[int]:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_case_schema(case):
     assert case.source.strip() and case.why.strip()
-    assert any(fw in case.source for fw in ("torchtitan", "torch ", "DeepSpeed", "GPT-2")), case.source
+    # names the framework and the place: a file of it
+    assert any(fw in case.source for fw in ("torchtitan", "torch ", "DeepSpeed", "transformers")), case.source
+    assert ".py" in case.source, case.source
     spec = case.spec()
     assert isinstance(spec, MeshSpec) and spec.names is not None
     for g in case.flatten:
