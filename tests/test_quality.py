@@ -167,3 +167,22 @@ def test_arguments_fit_beside_the_bench_options():
     quality.add_quality_arguments(p)  # no argparse conflict
     args = p.parse_args(["--corpus-case", "hsdp_grad", "--profile", "gloo", "--json", "x.json"])
     assert args.corpus_case == ["hsdp_grad"] and args.profile == "gloo" and args.report is None
+
+
+def test_sim_shapes():
+    # even dims shrink to the product of the mesh dims sharding them, unsharded dims to 1,
+    # uneven dims keep their size
+    assert BY_ID["jagged_5x8_param"].sim_shape() == ((4096, 8), 14336 // 8)  # 4096 % 5 != 0
+    assert BY_ID["hsdp_grad"].sim_shape() == ((4, 1), 14336 * 4096 // 4)
+    assert BY_ID["ep_dispatch_borrow_cp"].sim_shape() == ((4, 4, 1), 64 * 2048 * 4096 // 16)
+    assert BY_ID["gradnorm_3d"].sim_shape() == ((), 1)
+
+
+def test_verify_failures_are_reported(result):
+    fake = copy.deepcopy(result)
+    fake["verify_failures"] = [dict(id="hsdp_grad", policy="existing", ok=False, executed={"bytes": 1}, planned={"bytes": 2})]
+    row = next(r for r in fake["cases"] if r["id"] == "hsdp_grad")
+    row["verify"]["existing"]["ok"] = False
+    text = quality.format_quality(fake)
+    assert "- hsdp_grad groups=existing: executed {'bytes': 1}, planned {'bytes': 2}" in text
+    assert f"{len(SMALL) * 2 - 1} of {len(SMALL) * 2} of our plans" in text
