@@ -561,7 +561,8 @@ def quality_bench(
         )
         row.update(_run_ours(case, model))
         if case.num_ranks > world:
-            row["torch"] = dict(status="skipped", reason=f"mesh has {case.num_ranks} ranks > process group world {world}")
+            reason = f"mesh has {case.num_ranks} ranks > process group world {world}"
+            row["torch"] = dict(status="skipped", reason=reason)
             checks = {}
         else:
             row["torch"], checks = _run_torch(case, model, verify)
@@ -635,7 +636,8 @@ def format_quality(result: dict, *, details: bool = True) -> str:
         "",
         "Each cell: collectives / bytes per rank / modelled time.",
         "",
-        "| case | category | mesh (flattened) | src -> dst | shape dtype | torch (merge on) | ours existing | ours create |",
+        "| case | category | mesh (flattened) | src -> dst | shape dtype | torch (merge on) | ours existing "
+        "| ours create |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["cases"]:
@@ -653,7 +655,10 @@ def format_quality(result: dict, *, details: bool = True) -> str:
         )
     tot = result["totals"]
     lines += ["", f"## Totals ({tot['compared']} of {tot['cases']} cases where all three sides ran)", ""]
-    lines.append("| | collectives | bytes per rank | modelled time | vs torch (collectives, bytes, time) | cases better / equal |")
+    lines.append(
+        "| | collectives | bytes per rank | modelled time | vs torch (collectives, bytes, time) "
+        "| cases better / equal |"
+    )
     lines.append("| --- | --- | --- | --- | --- | --- |")
     base = tot["torch"]
     for side in ("torch",) + POLICIES:

@@ -180,7 +180,9 @@ def test_sim_shapes():
 
 def test_verify_failures_are_reported(result):
     fake = copy.deepcopy(result)
-    fake["verify_failures"] = [dict(id="hsdp_grad", policy="existing", ok=False, executed={"bytes": 1}, planned={"bytes": 2})]
+    fake["verify_failures"] = [
+        dict(id="hsdp_grad", policy="existing", ok=False, executed={"bytes": 1}, planned={"bytes": 2})
+    ]
     row = next(r for r in fake["cases"] if r["id"] == "hsdp_grad")
     row["verify"]["existing"]["ok"] = False
     text = quality.format_quality(fake)
