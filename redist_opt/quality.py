@@ -743,25 +743,25 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _cost_model(profile: str, devices_per_host: int | None):
-    from .cost import CostModel
+    """The CLI's cost profile (``--profile``: nccl, gloo or a calibrate JSON file)."""
+    from .cli import CliError, _load_profile
 
-    if profile in ("nccl", "gloo") and not os.path.exists(profile):
-        model = CostModel.profile(profile)
-    else:
-        model = CostModel.load(profile)
+    model = _load_profile("--profile", profile)
     if devices_per_host is not None:
         if devices_per_host < 1:
-            raise ValueError(f"--devices-per-host: {devices_per_host} must be >= 1")
+            raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
         model = dataclasses.replace(model, devices_per_host=devices_per_host)
     return model
 
 
 def cmd_quality(args) -> int:
     """``redist-opt bench --part quality``: exit 0, 1 when ours is worse on some case, 2 on bad input."""
+    from .cli import CliError
+
     try:
         cases = load_corpus(args.corpus)
         model = _cost_model(getattr(args, "profile", None) or "nccl", args.devices_per_host)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, CliError) as e:
         print(f"redist-opt bench: error: {e}", file=sys.stderr)
         return 2
     if args.corpus_case:
@@ -793,7 +793,7 @@ def cmd_quality(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m redist_opt.quality`` until ``bench --part quality`` is wired."""
+    """``python -m redist_opt.quality`` (the same as ``redist-opt bench --part quality``)."""
     parser = argparse.ArgumentParser(prog="redist-opt bench --part quality", description=__doc__.splitlines()[0])
     add_quality_arguments(parser)
     return cmd_quality(parser.parse_args(argv))

@@ -154,6 +154,18 @@ def test_cli(tmp_path, capsys):
     assert "unknown case id" in capsys.readouterr().err
     assert quality.main(["--corpus", str(tmp_path / "missing.json")]) == 2
     assert quality.main(["--corpus-case", "gradnorm_3d", "--profile", str(tmp_path / "nope.json")]) == 2
+    assert "--profile" in capsys.readouterr().err
+
+
+def test_bench_part_quality(tmp_path, capsys):
+    """Wired as `redist-opt bench --part quality` beside the bench's own options."""
+    from redist_opt.cli import main
+
+    out = tmp_path / "q.md"
+    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--no-verify",
+                 "--profile", "gloo", "--report", str(out)]) == 0
+    assert "cost model 'gloo'" in out.read_text()
+    assert main(["bench", "--part", "quality", "--corpus-case", "nope"]) == 2
 
 
 def test_arguments_fit_beside_the_bench_options():
