@@ -310,6 +310,10 @@ def _parse_case(text: str) -> tuple[str, str]:
 
 
 def cmd_bench(args) -> int:
+    if args.part == "quality":  # the corpus against torch's shipped redistribute (redist_opt/quality.py)
+        from redist_opt import quality
+
+        return quality.cmd_quality(args)
     from redist_opt import bench
     from redist_opt.spawn import SpawnError
     from redist_opt.timing import load_warning, loadavg, torch_version
@@ -374,7 +378,13 @@ def _add_calibrate_arguments(p) -> None:
 def _add_bench_arguments(p) -> None:
     from redist_opt.bench import DEFAULT_BENCH_SIZES
 
-    p.add_argument("--part", default="all", choices=["all", "planning", "wall"], help="which part to run (default all)")
+    from redist_opt.quality import add_quality_arguments
+
+    p.add_argument(
+        "--part", default="all", choices=["all", "planning", "wall", "quality"],
+        help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
+        "against torch's shipped redistribute, see docs/quality.md)",
+    )  # fmt: skip
     p.add_argument(
         "--sizes", default=DEFAULT_BENCH_SIZES,
         help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
@@ -390,6 +400,7 @@ def _add_bench_arguments(p) -> None:
     )
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
+    add_quality_arguments(p)  # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -444,7 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate_arguments(cal)
     cal.set_defaults(func=cmd_calibrate)
 
-    be = sub.add_parser("bench", help="planning speed, and wall clock vs torch over 4 gloo processes")
+    be = sub.add_parser(
+        "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"
+    )
     _add_bench_arguments(be)
     be.set_defaults(func=cmd_bench)
     return parser
