@@ -17,6 +17,8 @@ Legality:
 1. the steps are adjacent reductions (all_reduce or reduce_scatter) with the
    same reduce op, over pairwise disjoint mesh dims, and at least one is a
    reduce_scatter (a block of all_reduces alone is merge-reductions' rewrite);
+   avg only on floating dtypes: on integers every avg reduction truncates
+   (``steps.avg_is_linear``), so one avg over the union is not the nested ones;
 2. every mesh dim in the block is Partial before it, so none of them shards a
    tensor dim: the size a reduce_scatter splits is the same on every rank of the
    union group, and chunking commutes with the other reductions
@@ -60,7 +62,7 @@ class MergeReductionsIntoAllReduce(RedistPass):
 
     def call(self, graph_module):
         regs = S.regions(graph_module)
-        found = self._runs(regs)
+        found = self._runs(regs, self.ctx.dtype)
         if not found:
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
@@ -110,13 +112,19 @@ class MergeReductionsIntoAllReduce(RedistPass):
     # -- legality (conditions 1 and 2) ----------------------------------------------------
 
     @staticmethod
-    def _runs(regs):
+    def _runs(regs, dtype):
         """Maximal runs of adjacent reductions with one reduce op over disjoint mesh dims,
-        holding at least two collectives and a reduce_scatter."""
+        holding at least two collectives and a reduce_scatter. avg counts only where it
+        is linear in ``dtype`` (on integers every avg truncates: one avg over the product
+        group would not equal the nested ones)."""
         out, i = [], 0
         while i < len(regs):
             step = regs[i].step
-            if step.kind not in _KINDS or regs[i].collective is None:
+            if (
+                step.kind not in _KINDS
+                or regs[i].collective is None
+                or (step.reduce_op == "avg" and not S.avg_is_linear(dtype))
+            ):
                 i += 1
                 continue
             j = i + 1
@@ -127,7 +135,7 @@ class MergeReductionsIntoAllReduce(RedistPass):
                 and regs[j].step.reduce_op == step.reduce_op
                 # disjoint mesh dims, and (steps.commute) the order of the block's
                 # reductions does not matter, so one all_reduce may stand for all
-                and all(S.commute(r.step, regs[j].step) is None for r in regs[i:j])
+                and all(S.commute(r.step, regs[j].step, dtype) is None for r in regs[i:j])
             ):
                 j += 1
             if j - i >= 2 and any(r.step.kind == "reduce_scatter" for r in regs[i:j]):

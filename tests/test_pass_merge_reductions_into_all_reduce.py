@@ -105,6 +105,13 @@ def test_only_all_reduces_not_transformed():
     run_and_check(_plan((2, 4), ["a+b"], "P,P", "R,R", (16,)), P, None, cost=DEFAULT)
 
 
+def test_integer_avg_not_transformed():
+    # Condition 1: on integers each avg truncates; the float twin is transformed.
+    run_and_check(_plan((2, 4), ["a+b"], "P(avg),P(avg)", "R,S(0)", (64, 4)), P, ["all_reduce[avg](a+b)"], cost=DEFAULT)
+    p = _plan((2, 4), ["a+b"], "P(avg),P(avg)", "R,S(0)", (64, 4), dtype=torch.int64)
+    run_and_check(p, P, None, cost=DEFAULT)
+
+
 def test_single_reduce_scatter_not_transformed():
     # Condition 1: one collective alone is never replaced by a fatter one.
     run_and_check(_plan((2, 4), ["a+b"], "R,P", "R,S(0)", (16,)), P, None, cost=DEFAULT)
