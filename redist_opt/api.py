@@ -110,6 +110,11 @@ def spec_of(device_mesh) -> MeshSpec:
     return hit[2]
 
 
+def meshes_seen() -> list:
+    """The live DeviceMeshes redist_opt has planned on (graph dumps name their groups)."""
+    return [m for m in (entry[0]() for entry in list(_spec_cache.values())) if m is not None]
+
+
 def _as_spec(mesh) -> MeshSpec:
     if isinstance(mesh, MeshSpec):
         return mesh
