@@ -63,8 +63,11 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
             return dist.group.WORLD
         return found
     if policy != "existing":
+        from .torch_dtensor import outside_tracing
+
         try:
-            flat = L.create_flattened_mesh(device_mesh, group.layout)
+            with outside_tracing():
+                flat = L.create_flattened_mesh(device_mesh, group.layout)
         except Exception as e:  # a backend that cannot make a new communicator
             raise GroupUnavailable(f"creating a flattened group over {group.dims} failed: {e}") from e
         return (flat, 0)

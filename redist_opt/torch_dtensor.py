@@ -170,3 +170,20 @@ def _contiguous_stride(shape):
         stride.append(acc)
         acc *= max(int(s), 1)
     return tuple(reversed(stride))
+
+
+def outside_tracing():
+    """A context that steps out of AOTAutograd's fake-tensor and proxy tracing modes.
+
+    Creating a process group (a flattened DeviceMesh) while a compiled program is
+    traced must build real rank tensors and real communicators, not traced ones.
+    """
+    import contextlib
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(unset_fake_temporarily())
+    stack.enter_context(disable_proxy_modes_tracing())
+    return stack
