@@ -185,3 +185,29 @@ def test_dump_dir_receives_forward_and_backward_graphs(tmp_path, monkeypatch):
 def test_backend_rejects_unknown_inner_compiler():
     with pytest.raises(ValueError, match="inner='tvm'"):
         redist_opt.backend("tvm")
+
+
+def test_inductor_inner_and_default_backend_inside_enabled(tmp_path, monkeypatch):
+    # The routing must never turn a working compile into a failing one: Inductor
+    # as inner compiler (graphs dumped before Inductor lowers them), and
+    # torch.compile's default backend inside enabled().
+    monkeypatch.setenv("REDIST_OPT_DUMP_DIR", str(tmp_path))
+    mesh = _mesh_2x2x2_dp_tp_flat()
+
+    def f(x):
+        return x.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local() * 2
+
+    def make_input():
+        return DTensor.from_local(torch.ones(8, 4, requires_grad=True), mesh, [Partial()] * 3, run_check=False)
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=redist_opt.backend("inductor"), fullgraph=True)(make_input())
+    out.sum().backward()
+    assert out.shape == (4, 4)
+    forward = sorted(tmp_path.glob("*.compile*.forward.txt"))
+    assert len(forward) == 1 and "# 2 collective(s)" in forward[0].read_text()
+    torch._dynamo.reset()
+    with redist_opt.enabled():
+        out = torch.compile(f, fullgraph=True)(make_input())
+        out.sum().backward()
+    assert out.shape == (4, 4)
