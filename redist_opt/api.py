@@ -453,7 +453,7 @@ def _as_torch_error(ours: RedistributeError, local_tensor, current_spec, target_
 
     Asks torch's own function: if it raises too, the error returned is both a
     RedistributeError and an instance of torch's exception type, with our message
-    (which names the placement, mesh dim and mesh). If torch accepts the input,
+    (which names the placement, mesh dim and mesh) followed by torch's. If torch accepts the input,
     ours stands: redist_opt refuses what it can prove wrong rather than return it.
     """
     try:
@@ -463,7 +463,8 @@ def _as_torch_error(ours: RedistributeError, local_tensor, current_spec, target_
         if isinstance(ours, kind):
             return ours
         try:
-            err = _torch_typed(kind, str(ours))
+            # torch's message too: code matching torch's wording keeps working
+            err = _torch_typed(kind, f"{ours} (torch: {theirs})")
         except TypeError:  # an exception type that cannot be combined (layout conflict)
             return ours
         err.__cause__ = theirs
