@@ -413,14 +413,17 @@ def _routed_redistribute_local_tensor(
             "redist_opt plans concrete shapes only"
         )
     else:
-        reason = _unlowered_reduce_op(current_spec, target_spec)
+        reason = tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(
+            current_spec, target_spec
+        )
     if options is None or reason is not None:
         if reason is not None and options is not None:
             _warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
         return torch_fn(local_tensor, current_spec, target_spec, async_op=async_op,
                         use_graph_based_transform=use_graph_based_transform,
                         is_explicit=is_explicit, **torch_only)
-    with tdt.record_redistribute(local_tensor, current_spec, target_spec, "redist_opt", is_explicit):
+    summary = f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
+    with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):
         try:
             return redistribute_local_tensor(local_tensor, current_spec, target_spec, async_op=async_op, **options)
         except RedistributeError as ours:
