@@ -5,6 +5,7 @@ optimize it with a pass pipeline, and run it over the mesh's process groups.
 """
 
 from .api import enabled, optimize, plan, redistribute, redistribute_local_tensor
+from .compile import backend
 from .mesh import MeshGroup, MeshSpec
 from .placements import RedistributeError, parse_placement, parse_placements
 from .plan import Plan
@@ -16,6 +17,7 @@ __all__ = [
     "redistribute",
     "redistribute_local_tensor",
     "enabled",
+    "backend",
     "execute",
     "MeshSpec",
     "MeshGroup",

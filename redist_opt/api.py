@@ -22,7 +22,11 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 
 from . import torch_dtensor as tdt
 from .mesh import MeshSpec
-from .placements import RedistributeError, normalize_placements, placement_str, placements_str
+from .placements import REDUCE_OPS, RedistributeError, normalize_placements, placement_str, placements_str
+
+# Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
+# every c10d reduce op, "prod" included) is run by torch's redistribute.
+LOWERED_REDUCE_OPS = REDUCE_OPS
 from .plan import Plan, make_plan
 from . import ir
 from .runtime import GroupUnavailable, check_local_shape, execute
@@ -104,6 +108,11 @@ def spec_of(device_mesh) -> MeshSpec:
         hit = (ref, stamp, MeshSpec.from_device_mesh(device_mesh))
         _spec_cache[key] = hit
     return hit[2]
+
+
+def meshes_seen() -> list:
+    """The live DeviceMeshes redist_opt has planned on (graph dumps name their groups)."""
+    return [m for m in (entry[0]() for entry in list(_spec_cache.values())) if m is not None]
 
 
 def _as_spec(mesh) -> MeshSpec:
@@ -298,9 +307,9 @@ def redistribute(
         raise RedistributeError(f"expected a DTensor, got {type(dtensor).__name__}")
     device_mesh = device_mesh or dtensor.device_mesh
     if placements is None:
-        raise RedistributeError("placements is needed for redistribute!")
+        raise _torch_typed(RuntimeError, "placements is needed for redistribute!")
     if device_mesh != dtensor.device_mesh:
-        raise RedistributeError(
+        raise _torch_typed(NotImplementedError, 
             f"redistributing to another mesh ({device_mesh}) is not supported (DTensor's is "
             f"{dtensor.device_mesh})"
         )
@@ -310,8 +319,9 @@ def redistribute(
     _check_spec_matches(dtensor)
     for i, p in enumerate(target):
         if isinstance(p, Partial) and dtensor.placements[i] != p:
-            raise RedistributeError(
-                f"cannot redistribute from {placement_str(dtensor.placements[i])} to "
+            raise _torch_typed(
+                RuntimeError,
+                f"Can not redistribute from {placement_str(dtensor.placements[i])} to "
                 f"{placement_str(p)} on mesh dim {i}: redistributing to Partial is for "
                 "internal use only (use redist_opt.plan for such plans)"
             )
@@ -344,38 +354,161 @@ def _check_spec_matches(dtensor: DTensor) -> None:
         check_local_shape(expected, dtensor._local_tensor, spec.mesh, placements_str(spec.placements))
 
 
-# -- routing DTensor.redistribute ---------------------------------------------------
+# -- routing every redistribution ---------------------------------------------------
+#
+# enabled() replaces torch's ``redistribute_local_tensor`` in the namespaces that
+# call it (listed in torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS) with
+# ``_routed_redistribute_local_tensor``. The patch is process-wide (the name is a
+# module global) and installed once, reference-counted; which options apply is
+# per thread: the calling thread's innermost enabled() block, or, for a thread
+# that entered none (autograd's device threads run backward on GPUs), the most
+# recently entered block of any thread. Outside every block the patched name
+# calls torch's function unchanged.
 
 _route_lock = threading.Lock()
-_route_stack: list = []
+_route_entries: list = []  # [(token, thread id, options)] in entry order
+_route_previous: dict | None = None  # what install_redistribute_local replaced
+_route_local = threading.local()
+
+
+def _active_route_options():
+    stack = getattr(_route_local, "stack", None)
+    if stack:
+        return stack[-1][1]
+    entries = _route_entries
+    return entries[-1][2] if entries else None
+
+
+def _routed_redistribute_local_tensor(
+    local_tensor,
+    current_spec,
+    target_spec,
+    *,
+    async_op: bool = False,
+    use_graph_based_transform=None,
+    is_explicit: bool = False,
+    **torch_only,
+):
+    """Stands in for torch's ``redistribute_local_tensor`` inside ``enabled()``."""
+    torch_fn = tdt.TORCH_REDISTRIBUTE_LOCAL
+    if torch.compiler.is_dynamo_compiling():
+        # Dynamo traces torch's own code; AOTAutograd, which runs after it, comes
+        # back here with Dynamo off and traces our plan into the graph.
+        return torch_fn(local_tensor, current_spec, target_spec, async_op=async_op,
+                        use_graph_based_transform=use_graph_based_transform,
+                        is_explicit=is_explicit, **torch_only)
+    options = _active_route_options()
+    reason = None
+    if options is None:
+        pass
+    elif torch_only:
+        reason = f"torch passed arguments redist_opt does not model: {sorted(torch_only)}"
+    elif use_graph_based_transform:
+        reason = "torch's graph-based planner was requested (use_graph_based_transform=True)"
+    elif current_spec.mesh != target_spec.mesh:
+        reason = "the source and target meshes differ"  # torch raises its own error for this
+    elif tdt.shape_is_symbolic(current_spec):
+        reason = (
+            f"the global shape {tuple(current_spec.shape)} is symbolic (dynamic shapes); "
+            "redist_opt plans concrete shapes only"
+        )
+    else:
+        reason = tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(
+            current_spec, target_spec
+        )
+    if options is None or reason is not None:
+        if reason is not None and options is not None:
+            _warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
+        return torch_fn(local_tensor, current_spec, target_spec, async_op=async_op,
+                        use_graph_based_transform=use_graph_based_transform,
+                        is_explicit=is_explicit, **torch_only)
+    summary = f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
+    with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):
+        try:
+            return redistribute_local_tensor(local_tensor, current_spec, target_spec, async_op=async_op, **options)
+        except RedistributeError as ours:
+            raise _as_torch_error(ours, local_tensor, current_spec, target_spec) from None
+
+
+def _unlowered_reduce_op(current_spec, target_spec) -> str | None:
+    for spec in (current_spec, target_spec):
+        for p in spec.placements:
+            if isinstance(p, Partial) and p.reduce_op not in LOWERED_REDUCE_OPS:
+                return f"Partial({p.reduce_op!r}) is not lowered by redist_opt"
+    return None
+
+
+_torch_typed_errors: dict = {}
+
+
+def _torch_typed(kind: type, message: str) -> RedistributeError:
+    """A RedistributeError that is also an instance of ``kind``, torch's type for this input."""
+    cls = _torch_typed_errors.get(kind)
+    if cls is None:
+        cls = _torch_typed_errors[kind] = type(
+            "RedistributeError", (RedistributeError, kind), {"__module__": __name__}
+        )
+    return cls(message)
+
+
+def _as_torch_error(ours: RedistributeError, local_tensor, current_spec, target_spec) -> Exception:
+    """``ours`` as an instance of what torch raises for the same input.
+
+    Asks torch's own function: if it raises too, the error returned is both a
+    RedistributeError and an instance of torch's exception type, with our message
+    (which names the placement, mesh dim and mesh) followed by torch's. If torch accepts the input,
+    ours stands: redist_opt refuses what it can prove wrong rather than return it.
+    """
+    try:
+        tdt.TORCH_REDISTRIBUTE_LOCAL(local_tensor, current_spec, target_spec)
+    except Exception as theirs:  # noqa: BLE001 - any type torch raises is the one to match
+        kind = type(theirs)
+        if isinstance(ours, kind):
+            return ours
+        try:
+            # torch's message too: code matching torch's wording keeps working
+            err = _torch_typed(kind, f"{ours} (torch: {theirs})")
+        except TypeError:  # an exception type that cannot be combined (layout conflict)
+            return ours
+        err.__cause__ = theirs
+        return err
+    return ours
 
 
 @contextlib.contextmanager
 def enabled(groups: str | Sequence = "existing", **options):
-    """Route ``DTensor.redistribute`` through redist_opt inside the block.
+    """Route every DTensor redistribution through redist_opt inside the block.
 
-    ``options`` (passes, cost, prefer) go to :func:`optimize`. Patches the method
-    process-wide (DTensor has no per-thread hook); nests.
+    Covers explicit ``DTensor.redistribute`` and ``full_tensor``, implicit reshards
+    of op inputs, the backward of all of those, gradients arriving through
+    ``from_local`` / ``to_local(grad_placements=...)``, and ``torch.compile``
+    called inside the block (AOTAutograd traces our plans into the forward and
+    backward graphs). ``options`` (passes, cost, prefer) go to :func:`optimize`.
+    Nests; the innermost block of the calling thread decides the options.
     """
+    global _route_previous
     _check_groups(groups)
-
-    def routed(self, device_mesh=None, placements=None, *, async_op=False, forward_dtype=None, backward_dtype=None):
-        return redistribute(
-            self,
-            placements,
-            device_mesh=device_mesh,
-            async_op=async_op,
-            forward_dtype=forward_dtype,
-            backward_dtype=backward_dtype,
-            groups=groups,
-            **options,
-        )
-
+    unknown = set(options) - {"passes", "cost", "prefer"}
+    if unknown:
+        raise RedistributeError(f"enabled(): unknown options {sorted(unknown)} (expected passes, cost, prefer)")
+    if options.get("passes") is not None:
+        options["passes"] = tuple(options["passes"])
+    entry_options = dict(groups=groups if isinstance(groups, str) else tuple(groups), **options)
+    token = object()
+    stack = getattr(_route_local, "stack", None)
+    if stack is None:
+        stack = _route_local.stack = []
     with _route_lock:
-        _route_stack.append(DTensor.redistribute)
-        DTensor.redistribute = routed
+        if not _route_entries:
+            _route_previous = tdt.install_redistribute_local(_routed_redistribute_local_tensor)
+        _route_entries.append((token, threading.get_ident(), entry_options))
+    stack.append((token, entry_options))
     try:
         yield
     finally:
+        stack[:] = [e for e in stack if e[0] is not token]
         with _route_lock:
-            DTensor.redistribute = _route_stack.pop()
+            _route_entries[:] = [e for e in _route_entries if e[0] is not token]
+            if not _route_entries:
+                tdt.restore_redistribute_local(_route_previous, _routed_redistribute_local_tensor)
+                _route_previous = None

@@ -132,3 +132,32 @@ def root_index_space(device_mesh) -> int:
     """Size of the root mesh's rank map (the index space layouts live in)."""
     root = device_mesh._get_root_mesh()
     return int(root._layout.numel())
+
+
+def create_flattened_mesh(device_mesh, layout: FlatLayout):
+    """A 1-D DeviceMesh whose one dim is the communicator ``layout`` (root index space).
+
+    Built from the layout, as DeviceMesh._flatten builds its meshes, but without
+    needing mesh dim names (a mesh from ``init_device_mesh(..., (2, 2, 2))`` has
+    none) and for any dim order. Every rank creates the process groups of all
+    tiles of the layout, in the same order (the constructor's contract), so every
+    rank must call this for the same layouts in the same order. Cached in the
+    root's ``_flatten_mapping`` under a name derived from the layout, so the next
+    lookup (``known_communicators``) finds it.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    root = device_mesh._get_root_mesh()
+    name = "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
+    existing = root._flatten_mapping.get(name)
+    if existing is not None and existing._layout.collapse() == layout:
+        return existing
+    flat = DeviceMesh(
+        root._device_type,
+        _layout=_MeshLayout((layout,)),
+        _rank_map=root._rank_map,
+        mesh_dim_names=(name,),
+        _root_mesh=root,
+    )
+    root._flatten_mapping[name] = flat
+    return flat

@@ -11,8 +11,10 @@ Group resolution (``resolve_group``), by layout, never by name:
 1. a group over one mesh dim (ignoring size-1 dims) -> that dim's process group;
 2. a multi-dim group -> a flattened mesh of the root whose layout equals the
    group's collapsed layout;
-3. under ``groups="create"`` -> a flattened mesh created on first use (DeviceMesh
-   caches it in the root's ``_flatten_mapping``).
+3. under ``groups="create"`` -> a flattened mesh created on first use from the
+   group's layout (no mesh dim names needed, any dim order; cached in the root's
+   ``_flatten_mapping``). While torch.compile traces, this runs at trace time:
+   every rank traces the same program, so groups are created in the same order.
 
 A group that cannot be resolved raises :class:`GroupUnavailable`; the API falls
 back to the unmerged plan and warns once.
@@ -61,18 +63,11 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
             return dist.group.WORLD
         return found
     if policy != "existing":
-        names = device_mesh.mesh_dim_names
-        if names is None:
-            raise GroupUnavailable(
-                f"cannot create a group over mesh dims {group.dims}: the mesh has no dim names"
-            )
-        if list(real_dims) != sorted(real_dims):
-            raise GroupUnavailable(
-                f"cannot create a group over mesh dims {tuple(real_dims)} in that order: "
-                "DeviceMesh flattens dims in ascending order only"
-            )
+        from .torch_dtensor import outside_tracing
+
         try:
-            flat = device_mesh[tuple(names[d] for d in real_dims)]._flatten()
+            with outside_tracing():
+                flat = L.create_flattened_mesh(device_mesh, group.layout)
         except Exception as e:  # a backend that cannot make a new communicator
             raise GroupUnavailable(f"creating a flattened group over {group.dims} failed: {e}") from e
         return (flat, 0)

@@ -24,16 +24,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
-def test_gloo_2x2_matches_torch():
+def spawn_and_join(worker, nprocs: int, timeout_s: float = TIMEOUT_S) -> None:
+    """Run ``worker(rank, port)`` on ``nprocs`` spawned processes; fail on any child's
+    exception (with its traceback) or when they do not finish in time."""
     ctx = mp.start_processes(
-        gloo_worker.worker,
+        worker,
         args=(_free_port(),),
-        nprocs=gloo_worker.WORLD,
+        nprocs=nprocs,
         join=False,
         start_method="spawn",
     )
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     try:
         # join() re-raises a child's exception (ProcessRaisedException carries
         # the child's traceback) and terminates the other children.
@@ -41,7 +42,7 @@ def test_gloo_2x2_matches_torch():
             if time.monotonic() > deadline:
                 alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
                 pytest.fail(
-                    f"gloo run did not finish within {TIMEOUT_S}s (ranks still running: {alive})"
+                    f"gloo run did not finish within {timeout_s}s (ranks still running: {alive})"
                 )
     finally:
         for p in ctx.processes:
@@ -51,3 +52,15 @@ def test_gloo_2x2_matches_torch():
             p.join(5)
             if p.is_alive():
                 p.kill()
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
+def test_gloo_2x2_matches_torch():
+    spawn_and_join(gloo_worker.worker, gloo_worker.WORLD)
+
+
+@pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
+def test_gloo_compiled_tp_mlp_matches_eager():
+    import gloo_compile_worker
+
+    spawn_and_join(gloo_compile_worker.worker, gloo_compile_worker.WORLD, timeout_s=900)

@@ -1,0 +1,203 @@
+"""torch.compile backend: DTensor redistributions traced through redist_opt.
+
+Under ``torch.compile``, Dynamo records calls of ``DTensor.redistribute`` (and
+DTensor ops) into a graph; AOTAutograd then runs DTensor's Python code on fake
+tensors to trace the forward and backward graphs, and the functional collectives
+``redistribute_local_tensor`` issues become the graphs' collectives
+(``_c10d_functional.all_reduce`` ... ``wait_tensor``, groups named by string).
+:func:`backend` runs that AOTAutograd trace inside :func:`redist_opt.enabled`,
+so the graphs hold our optimized plans, forward and backward, then hands them to
+the inner compiler. Dynamo itself never sees our planner (the routed function
+defers to torch's while Dynamo traces), so a program that compiles with torch's
+default backend compiles with this one.
+
+``REDIST_OPT_DUMP_DIR`` also receives each forward / backward graph this backend
+produced: ``NNNN.compile[.rankR].{forward,backward}.txt``, the collectives with
+their group names and the mesh dims each group stands for, then the graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from .api import _check_groups, enabled, meshes_seen
+
+__all__ = ["backend", "collectives", "describe_collectives"]
+
+INNER_COMPILERS = ("inductor", "aot_eager")
+
+
+def backend(
+    inner: str | Callable = "inductor",
+    *,
+    groups: str | Sequence = "existing",
+    passes=None,
+    cost=None,
+    prefer: str = "time",
+):
+    """A ``torch.compile`` backend that traces DTensor redistributions through redist_opt.
+
+    ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
+    aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
+    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``
+    are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
+    collectives may create flattened process groups while tracing; every rank
+    traces the same program, so they are created in the same order everywhere.
+
+    Usage: ``torch.compile(model, backend=redist_opt.backend())``.
+    """
+    _check_groups(groups)
+    if isinstance(inner, str) and inner not in INNER_COMPILERS:
+        raise ValueError(f"inner={inner!r}: expected 'inductor', 'aot_eager' or a callable (gm, example_inputs)")
+    if not isinstance(inner, str) and not callable(inner):
+        raise TypeError(f"inner must be 'inductor', 'aot_eager' or a callable, got {type(inner).__name__}")
+    options = {"passes": passes, "cost": cost, "prefer": prefer}
+    return _RedistOptBackend(inner, groups, options)
+
+
+class _RedistOptBackend:
+    def __init__(self, inner, groups, options):
+        self.inner = inner
+        self.groups = groups
+        self.options = options
+
+    def __repr__(self) -> str:
+        inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
+        return f"redist_opt.backend(inner={inner!r}, groups={self.groups!r})"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs):
+        # The routing must be active while AOTAutograd traces (inside this call);
+        # the inner compilers may run later (a lazily compiled backward), on
+        # graphs already traced.
+        with enabled(self.groups, **self.options):
+            return self._compile(gm, example_inputs)
+
+    def _compile(self, gm, example_inputs):
+        if self.inner == "inductor":
+            from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+            def inner_compile(g, inputs, *args, **kwargs):
+                _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
+                return compile_fx_inner(g, inputs, *args, **kwargs)
+
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+        from torch._dynamo.backends.common import aot_autograd
+
+        if self.inner == "aot_eager":
+            from torch._dynamo.backends.debugging import boxed_nop as compile_one
+        else:
+            compile_one = self.inner
+
+        def fw_compiler(g, inputs):
+            _dump_graph(g, "forward")
+            return compile_one(g, inputs)
+
+        def bw_compiler(g, inputs):
+            _dump_graph(g, "backward")
+            return compile_one(g, inputs)
+
+        return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)(gm, example_inputs)
+
+
+# -- reading collectives back out of a traced graph ------------------------------------
+
+_COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "all_to_all_single",
+    "broadcast",
+)
+
+
+def collectives(gm: fx.GraphModule) -> list[tuple[str, str]]:
+    """(op name, group name) of every functional collective in ``gm``, in graph order.
+
+    ``wait_tensor`` is not counted: it completes a collective, it is not one.
+    """
+    out = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        ns = getattr(target, "namespace", None)
+        if ns not in ("_c10d_functional", "c10d_functional"):
+            continue
+        op = target._opname if hasattr(target, "_opname") else str(target)
+        if op not in _COLLECTIVE_OPS:
+            continue
+        group = node.args[-1] if isinstance(node.args[-1], str) else next(
+            (a for a in node.args if isinstance(a, str) and a not in ("sum", "avg", "max", "min", "product")), "?"
+        )
+        out.append((op, group))
+    return out
+
+
+def _group_labels() -> dict[str, str]:
+    """Process-group name -> "mesh dims <names> of mesh <shape>" for every mesh redist_opt
+    has planned on (their dims and flattened meshes)."""
+    labels: dict[str, str] = {}
+    for mesh in meshes_seen():
+        root = mesh._get_root_mesh()
+        names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
+        shape = "x".join(str(s) for s in root.shape)
+        try:
+            for d in range(root.ndim):
+                labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
+            dim_layouts = list(root._layout)
+            for flat_name, flat in root._flatten_mapping.items():
+                covered = _dims_of_layout(flat._layout.collapse(), dim_layouts)
+                what = "+".join(names[d] for d in covered) if covered else flat_name
+                labels.setdefault(flat.get_group(0).group_name, f"mesh dims {what} of mesh {shape} (flattened {flat_name})")
+        except Exception:  # noqa: BLE001 - a label is a courtesy; never fail a compile for it
+            continue
+    return labels
+
+
+def _dims_of_layout(layout, dim_layouts) -> tuple[int, ...] | None:
+    from . import layout as L
+
+    n = len(dim_layouts)
+    for k in range(2, n + 1):
+        for dims in itertools.permutations(range(n), k):
+            if L.collapse([dim_layouts[d] for d in dims]) == layout:
+                return dims
+    return None
+
+
+def describe_collectives(gm: fx.GraphModule) -> list[str]:
+    """One line per collective: op, group name, and the mesh dims the group stands for."""
+    labels = _group_labels()
+    return [f"{op}  group={group}  ({labels.get(group, 'group not from a known mesh')})" for op, group in collectives(gm)]
+
+
+_dump_seq = itertools.count()
+_dump_lock = threading.Lock()
+
+
+def _dump_graph(gm: fx.GraphModule, kind: str) -> None:
+    from .dump import dump_dir_from_env
+
+    directory = dump_dir_from_env()
+    if directory is None:
+        return
+    import torch.distributed as dist
+
+    with _dump_lock:
+        seq = next(_dump_seq)
+    rank = f".rank{dist.get_rank()}" if dist.is_initialized() and dist.get_world_size() > 1 else ""
+    lines = describe_collectives(gm)
+    text = [f"# {kind} graph traced by redist_opt.backend", f"# {len(lines)} collective(s)"]
+    text += [f"#   {line}" for line in lines] or ["#   (none)"]
+    text += ["", str(gm.graph)]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{seq:04d}.compile{rank}.{kind}.txt").write_text("\n".join(text) + "\n")
