@@ -11,6 +11,13 @@ the inner compiler. Dynamo itself never sees our planner (the routed function
 defers to torch's while Dynamo traces), so a program that compiles with torch's
 default backend compiles with this one.
 
+Then, before the inner compiler, each graph goes through the compiled-graph
+pass (:func:`redist_opt.graph_pass.optimize_graph`): chains of collectives from
+different places (two redistributions in a row, hand-written funcol next to
+DTensor's) are raised into the IR, optimized together and lowered back. A graph
+it cannot improve is left as it was; if the pass fails, the graph as traced is
+compiled and a warning is given once (``graph_pass=False`` turns it off).
+
 ``REDIST_OPT_DUMP_DIR`` also receives each forward / backward graph this backend
 produced: ``NNNN.compile[.rankR].{forward,backward}.txt``, the collectives with
 their group names and the mesh dims each group stands for, then the graph.
@@ -22,10 +29,9 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
-import torch
 import torch.fx as fx
 
-from .api import _check_groups, enabled, meshes_seen
+from .api import _check_groups, _warn_once, enabled, meshes_seen
 
 __all__ = ["backend", "collectives", "describe_collectives"]
 
@@ -39,6 +45,7 @@ def backend(
     passes=None,
     cost=None,
     prefer: str = "time",
+    graph_pass: bool = True,
 ):
     """A ``torch.compile`` backend that traces DTensor redistributions through redist_opt.
 
@@ -48,6 +55,8 @@ def backend(
     are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
     collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
+    ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
+    ``groups`` is an allow-list, which that pass does not take).
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
@@ -57,14 +66,15 @@ def backend(
     if not isinstance(inner, str) and not callable(inner):
         raise TypeError(f"inner must be 'inductor', 'aot_eager' or a callable, got {type(inner).__name__}")
     options = {"passes": passes, "cost": cost, "prefer": prefer}
-    return _RedistOptBackend(inner, groups, options)
+    return _RedistOptBackend(inner, groups, options, graph_pass=graph_pass and isinstance(groups, str))
 
 
 class _RedistOptBackend:
-    def __init__(self, inner, groups, options):
+    def __init__(self, inner, groups, options, *, graph_pass: bool):
         self.inner = inner
         self.groups = groups
         self.options = options
+        self.graph_pass = graph_pass
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
@@ -82,6 +92,7 @@ class _RedistOptBackend:
             from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
             def inner_compile(g, inputs, *args, **kwargs):
+                self._optimize(g)
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
                 return compile_fx_inner(g, inputs, *args, **kwargs)
 
@@ -95,14 +106,40 @@ class _RedistOptBackend:
             compile_one = self.inner
 
         def fw_compiler(g, inputs):
+            self._optimize(g)
             _dump_graph(g, "forward")
             return compile_one(g, inputs)
 
         def bw_compiler(g, inputs):
+            self._optimize(g)
             _dump_graph(g, "backward")
             return compile_one(g, inputs)
 
         return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler)(gm, example_inputs)
+
+
+    def _optimize(self, gm: fx.GraphModule) -> None:
+        """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
+        if not self.graph_pass:
+            return
+        from .graph_pass import optimize_graph
+
+        snapshot = fx.Graph()
+        snapshot.output(snapshot.graph_copy(gm.graph, {}))
+        try:
+            # The meshes redist_opt planned on while tracing (their roots hold every
+            # group a chain can name); none seen: every live mesh.
+            optimize_graph(
+                gm, meshes=meshes_seen() or None, groups=self.groups,
+                cost=self.options["cost"], prefer=self.options["prefer"],
+            )  # fmt: skip
+        except Exception as e:  # never turn a compile that works into one that fails
+            gm.graph = snapshot
+            gm.recompile()
+            _warn_once(
+                ("graph-pass", type(e).__name__, str(e)),
+                f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
+            )
 
 
 # -- reading collectives back out of a traced graph ------------------------------------

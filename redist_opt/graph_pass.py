@@ -48,7 +48,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import torch
 import torch.fx as fx
 
 from .cost import CostModel, steps_and_bytes

@@ -179,7 +179,10 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
         meshes = [meshes]
     roots = {}
     for m in meshes:
-        root = m._get_root_mesh()
+        try:
+            root = m._get_root_mesh()
+        except ReferenceError:  # a view whose root mesh was garbage-collected
+            continue
         coord = root.get_coordinate()
         if coord is None:
             continue
@@ -288,10 +291,11 @@ def _shape(node) -> tuple[int, ...] | None:
     v = _val(node)
     if v is None:
         return None
-    try:
-        return tuple(int(s) for s in v.shape)
-    except Exception:  # noqa: BLE001 - symbolic sizes: not raised
+    # Symbolic sizes are not raised. Never int() a SymInt: that installs a guard and
+    # specializes a dim the user marked dynamic (Dynamo then refuses the compile).
+    if not all(type(s) is int for s in v.shape):
         return None
+    return tuple(v.shape)
 
 
 def _sole_user(node: fx.Node) -> fx.Node | None:

@@ -211,3 +211,43 @@ def test_inductor_inner_and_default_backend_inside_enabled(tmp_path, monkeypatch
         out = torch.compile(f, fullgraph=True)(make_input())
         out.sum().backward()
     assert out.shape == (4, 4)
+
+
+def test_backend_runs_the_graph_pass_across_redistributions():
+    # SimpleFSDP-style gradient: a hand-written all_reduce over tp, then DTensor
+    # [P, P] -> [R, S(0)] over (dp, cp). Trace-time routing optimizes the
+    # redistribution alone (reduce_scatter(cp) + all_reduce(dp)) and cannot see the
+    # hand-written all_reduce; the compiled-graph pass raises the whole chain and
+    # merges all_reduce(dp) + all_reduce(tp) over the existing dp_tp group.
+    mesh = _mesh_2x2x2_dp_tp_flat()
+    m2, tp = mesh["dp", "cp"], mesh["tp"].get_group()
+
+    def f(x):
+        y = funcol.all_reduce(x, "sum", tp)
+        d = DTensor.from_local(y, m2, [Partial(), Partial()], run_check=False)
+        return d.redistribute(m2, [Replicate(), Shard(0)]).to_local()
+
+    routed_only, _ = _compile_and_run(f, (torch.ones(8, 4),), "ours", backward=False, graph_pass=False)
+    with_pass, _ = _compile_and_run(f, (torch.ones(8, 4),), "ours", backward=False)
+    assert routed_only.counts() == [3]
+    assert with_pass.counts() == [2]
+    assert [op for op, _ in collectives(with_pass.graphs[0])] == ["reduce_scatter_tensor", "all_reduce"]
+
+
+def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch):
+    import redist_opt.graph_pass
+
+    def broken(gm, **kwargs):
+        gm.graph.erase_node(next(iter(gm.graph.nodes)).next)  # leave the graph half-rewritten
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(redist_opt.graph_pass, "optimize_graph", broken)
+    mesh = _mesh_2x2x2_dp_tp_flat()
+
+    def f(x):
+        d = DTensor.from_local(x, mesh, [Partial(), Partial(), Partial()], run_check=False)
+        return d.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local()
+
+    with pytest.warns(UserWarning, match="compiled-graph pass failed"):
+        capture, _ = _compile_and_run(f, (torch.ones(8, 4),), "ours", backward=False)
+    assert capture.counts() == [2]  # the routed trace, intact
