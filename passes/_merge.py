@@ -1,8 +1,10 @@
-"""Shared machinery of the merge passes: finding runs, choosing a partition by cost.
+"""Shared machinery of the merge passes: finding runs, choosing a partition by cost,
+rewriting runs.
 
 Each merge pass states its own rule and legality; this module only finds the
-maximal runs of adjacent steps with one ``merge_key`` and searches the ways to
-split a run into merged blocks, keeping the cheapest under the cost model.
+maximal runs of adjacent steps with one ``merge_key``, searches the ways to
+split a run into merged blocks, keeping the cheapest under the cost model, and
+re-lowers a plan with some runs replaced (:func:`rewrite_runs`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,46 @@ from torch.fx.passes.infra.pass_base import PassResult
 from .context import GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
+
+
+def rewrite_runs(graph_module, mesh, regs: Sequence[S.Region], found, rewrite) -> PassResult:
+    """Re-lower ``regs`` with each run ``regs[start:end]`` of ``found`` rewritten.
+
+    ``rewrite(start, end)`` returns ``None`` to keep the run as it is, or its
+    replacement in order: each item a region kept as it is, or ``(steps, regions)``:
+    new steps that stand for ``regions`` (their provenance). The result is
+    unmodified when every run was kept.
+    """
+    new_steps: list[ir.StepInfo] = []
+    provenance: list[tuple[str, ...]] = []
+
+    def keep(rs):
+        for r in rs:
+            new_steps.append(r.step)
+            provenance.append(r.inherited)
+
+    changed, cursor = False, 0
+    for start, end in found:
+        keep(regs[cursor:start])
+        cursor = end
+        blocks = rewrite(start, end)
+        if blocks is None:
+            keep(regs[start:end])
+            continue
+        changed = True
+        for block in blocks:
+            if isinstance(block, S.Region):
+                keep([block])
+                continue
+            steps, members = block
+            origin = tuple(n for r in members for n in r.origin)
+            for step in steps:
+                new_steps.append(step)
+                provenance.append(origin)
+    keep(regs[cursor:])
+    if not changed:
+        return PassResult(graph_module, False)
+    return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
 
 
 @dataclasses.dataclass
@@ -161,17 +203,8 @@ class MergeRunPass(RedistPass):
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
         states = S.states_before(regs, self.ctx.src, mesh)
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, cursor = False, 0
 
-        def keep(rs):
-            for r in rs:
-                new_steps.append(r.step)
-                provenance.append(r.inherited)
-
-        for start, end in found:
-            keep(regs[cursor:start])
+        def rewrite(start, end):
             run = regs[start:end]
             best, tried = choose(
                 self,
@@ -186,27 +219,22 @@ class MergeRunPass(RedistPass):
             if all(len(b.members) == 1 for b in best):
                 why = whole.why if whole.choice is None else "separate collectives are cheaper under the cost model"
                 self.note(False, labels, why)
-                keep(run)
-                cursor = end
-                continue
+                return None
             if len(best) > 1:
                 self.note(False, labels + " as one", whole.why if whole.choice is None else "cost")
-            changed = True
+            blocks = []
             for b in sorted(best, key=lambda b: b.members):
-                if len(b.members) == 1:
-                    keep([run[b.members[0]]])
+                members = [run[m] for m in b.members]
+                if len(members) == 1:
+                    blocks.append(members[0])
                     continue
                 step = self.merged(run, b.members, b.dims, states[start + b.members[0]])
-                members = [run[m] for m in b.members]
                 self.note(
                     True,
                     " + ".join(S.step_label(m.step, mesh) for m in members) + f" -> {S.step_label(step, mesh)}",
                     b.why,
                 )
-                new_steps.append(step)
-                provenance.append(tuple(n for m in members for n in m.origin))
-            cursor = end
-        keep(regs[cursor:])
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+                blocks.append(([step], members))
+            return blocks
+
+        return rewrite_runs(graph_module, mesh, regs, found, rewrite)

@@ -116,25 +116,14 @@ class MergeGathersAcrossDims(RedistPass):
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
         states = S.states_before(regs, self.ctx.src, mesh)
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, cursor = False, 0
 
-        def keep(rs):
-            for r in rs:
-                new_steps.append(r.step)
-                provenance.append(r.inherited)
-
-        for start, end in found:
-            keep(regs[cursor:start])
-            cursor = end
+        def rewrite(start, end):
             run = regs[start:end]
             labels = " + ".join(S.step_label(r.step, mesh) for r in run)
             bad = self._misordered(run, states[start])
             if bad is not None:
                 self.note(False, labels, bad)
-                keep(run)
-                continue
+                return None
             best, tried = _merge.choose(
                 self,
                 self._partitions(run),
@@ -149,13 +138,12 @@ class MergeGathersAcrossDims(RedistPass):
                 if whole is not None and whole.choice is None:
                     why = whole.why
                 self.note(False, labels, why)
-                keep(run)
-                continue
-            changed = True
+                return None
+            blocks = []
             for b in sorted(best, key=lambda b: b.members):
                 members = [run[m] for m in b.members]
                 if len(members) == 1:
-                    keep(members)
+                    blocks.append(members[0])
                     continue
                 step = self._merged(members, b.dims, states[start + b.members[0]])
                 self.note(
@@ -163,12 +151,10 @@ class MergeGathersAcrossDims(RedistPass):
                     " + ".join(S.step_label(m.step, mesh) for m in members) + f" -> {S.step_label(step, mesh)}",
                     b.why + "; blocks reassembled locally (unpack_blocks)",
                 )
-                new_steps.append(step)
-                provenance.append(tuple(n for m in members for n in m.origin))
-        keep(regs[cursor:])
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+                blocks.append(([step], members))
+            return blocks
+
+        return _merge.rewrite_runs(graph_module, mesh, regs, found, rewrite)
 
     # -- legality ---------------------------------------------------------------------
 

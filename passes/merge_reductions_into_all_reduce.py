@@ -66,31 +66,20 @@ class MergeReductionsIntoAllReduce(RedistPass):
         if not found:
             return PassResult(graph_module, False)
         mesh = self.ctx.mesh
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, cursor = False, 0
 
-        def keep(rs):
-            for r in rs:
-                new_steps.append(r.step)
-                provenance.append(r.inherited)
-
-        for start, end in found:
-            keep(regs[cursor:start])
-            cursor = end
+        def rewrite(start, end):
             run = regs[start:end]
             best, why_not = self._choose(run)
             labels = " + ".join(S.step_label(r.step, mesh) for r in run)
             if best is None:
                 self.note(False, f"{labels} as one all_reduce", why_not)
-                keep(run)
-                continue
-            changed = True
+                return None
+            blocks = []
             for members, choice, fat, separate in best:
-                if choice is None:
-                    keep([run[m] for m in members])
-                    continue
                 regions = [run[m] for m in members]
+                if choice is None:
+                    blocks.extend(regions)
+                    continue
                 new = self._rewritten(regions, choice.group.dims)
                 self.note(
                     True,
@@ -100,14 +89,10 @@ class MergeReductionsIntoAllReduce(RedistPass):
                     f"one all_reduce {fat * 1e6:.1f}us vs {separate * 1e6:.1f}us under the "
                     f"{self.ctx.cost.name} cost model (more bytes, fewer launches); {choice.how} group",
                 )
-                origin = tuple(n for r in regions for n in r.origin)
-                for s in new:
-                    new_steps.append(s)
-                    provenance.append(origin)
-        keep(regs[cursor:])
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+                blocks.append((new, regions))
+            return blocks
+
+        return _merge.rewrite_runs(graph_module, mesh, regs, found, rewrite)
 
     # -- legality (conditions 1 and 2) ----------------------------------------------------
 
