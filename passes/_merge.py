@@ -59,6 +59,27 @@ def rewrite_runs(graph_module, mesh, regs: Sequence[S.Region], found, rewrite) -
     return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
 
 
+def accept_one(p: RedistPass, label: str, regions, choice: GroupChoice, kind: str, merged_bytes: int) -> bool:
+    """Whether one ``kind`` over ``choice`` feeding ``merged_bytes`` per rank replaces the
+    collectives of ``regions``: never more bytes (padding of uneven pieces), and no more
+    modelled time unless ``prefer="consistency"``. The verdict is noted either way."""
+    ctx, mesh = p.ctx, p.ctx.mesh
+    sep_bytes, sep_time = 0, 0.0
+    for r in regions:
+        node = r.collective
+        nbytes = ctx.bytes_of(node.args[0].meta["shape"])
+        sep_bytes += nbytes
+        sep_time += ctx.cost.collective_time(r.step.kind, node.args[1], nbytes, mesh)
+    if merged_bytes > sep_bytes:
+        p.note(False, label, f"padding: one {kind} moves {merged_bytes} B vs {sep_bytes} B")
+        return False
+    merged_time = ctx.collective_time(kind, choice, merged_bytes)
+    if merged_time > sep_time and ctx.prefer != "consistency":
+        p.note(False, label, f"cost: one {kind} {merged_time * 1e6:.1f}us vs {sep_time * 1e6:.1f}us")
+        return False
+    return True
+
+
 @dataclasses.dataclass
 class Block:
     members: tuple[int, ...]  # indices into the run

@@ -39,6 +39,7 @@ import math
 
 from torch.fx.passes.infra.pass_base import PassResult
 
+from . import _merge
 from .context import RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
@@ -99,12 +100,6 @@ class MergeAdjacentAllToAlls(RedistPass):
             return None
         step = ir.StepInfo(second.index, dims, first.src, second.dst, (), also=((db, first.dst),))
         step = S.with_state_logical_shape(step, states[t], ctx.shape, mesh)
-        sep_bytes, sep_time = 0, 0.0
-        for r in regs[t : t + 2]:
-            node = r.collective
-            nbytes = ctx.bytes_of(node.args[0].meta["shape"])
-            sep_bytes += nbytes
-            sep_time += ctx.cost.collective_time("all_to_all", node.args[1], nbytes, mesh)
         shape = list(regs[t].nodes[0].args[0].meta["shape"])
         counts = tuple(mesh.sizes[d] for d in real)
         shape[i] = sym.nested_max_chunk(step.logical_shape[i], counts)
@@ -112,12 +107,7 @@ class MergeAdjacentAllToAlls(RedistPass):
             c = tuple(mesh.sizes[d] for d in ds if mesh.sizes[d] > 1)
             shape[dim] = sym.nested_max_chunk(step.logical_shape[dim], c) * math.prod(c)
         merged_bytes = ctx.bytes_of(shape)
-        if merged_bytes > sep_bytes:
-            self.note(False, label, f"padding: one all_to_all moves {merged_bytes} B vs {sep_bytes} B")
-            return None
-        merged_time = ctx.collective_time("all_to_all", choice, merged_bytes)
-        if merged_time > sep_time and ctx.prefer != "consistency":
-            self.note(False, label, f"cost: one all_to_all {merged_time * 1e6:.1f}us vs {sep_time * 1e6:.1f}us")
+        if not _merge.accept_one(self, label, regs[t : t + 2], choice, "all_to_all", merged_bytes):
             return None
         self.note(True, f"{label} -> {S.step_label(step, mesh)}", why)
         return step

@@ -54,6 +54,7 @@ import math
 from torch.distributed.tensor.placement_types import Shard
 from torch.fx.passes.infra.pass_base import PassResult
 
+from . import _merge
 from .context import RedistPass
 from redist_opt import ir
 from redist_opt import steps as S
@@ -150,23 +151,12 @@ class MergeAllToAlls(RedistPass):
         step = S.with_state_logical_shape(step, states[used[0]], ctx.shape, mesh)
         # Bytes each rank feeds in: separately, the (padded) inputs of the gathers and
         # the all_to_all; merged, both dims padded to the largest nested piece.
-        sep_bytes, sep_time = 0, 0.0
-        for x in [*used, t]:
-            node = regs[x].collective
-            b = ctx.bytes_of(node.args[0].meta["shape"])
-            sep_bytes += b
-            sep_time += ctx.cost.collective_time(regs[x].step.kind, node.args[1], b, mesh)
         counts = tuple(mesh.sizes[d] for d in dims)
         merged_shape = list(regs[used[0]].nodes[0].args[0].meta["shape"])
         merged_shape[src_dim] = sym.nested_max_chunk(step.logical_shape[src_dim], counts)
         merged_shape[dst_dim] = sym.nested_max_chunk(step.logical_shape[dst_dim], counts) * math.prod(counts)
         merged_bytes = ctx.bytes_of(merged_shape)
-        if merged_bytes > sep_bytes:
-            self.note(False, label, f"padding: one all_to_all moves {merged_bytes} B vs {sep_bytes} B")
-            return None
-        merged_time = ctx.collective_time("all_to_all", choice, merged_bytes)
-        if merged_time > sep_time and ctx.prefer != "consistency":
-            self.note(False, label, f"cost: one all_to_all {merged_time * 1e6:.1f}us vs {sep_time * 1e6:.1f}us")
+        if not _merge.accept_one(self, label, [regs[x] for x in [*used, t]], choice, "all_to_all", merged_bytes):
             return None
         self.note(True, f"{label} -> {S.step_label(step, mesh)}", why)
         return step, m
