@@ -37,6 +37,10 @@ class PassContext:
     cost: CostModel = dataclasses.field(default_factory=CostModel.default)
     prefer: str = "time"  # or "consistency": merge every reduction a group allows
     notes: list[Note] = dataclasses.field(default_factory=list)
+    # The pass classes this pipeline runs (None: the default pipeline), so a pass
+    # that scores alternatives by running the others (reorder-collectives) runs
+    # exactly those.
+    pipeline: tuple | None = None
 
     @property
     def itemsize(self) -> int:

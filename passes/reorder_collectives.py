@@ -128,7 +128,8 @@ class ReorderCollectives(RedistPass):
         return self._relowered[key]
 
     def _score(self, graph_module, regs, order, *, byte_safe: bool = False) -> tuple[float, int, int, bool]:
-        """(modelled time, collectives, bytes, bytes traded) of ``order`` after the merge passes.
+        """(modelled time, collectives, bytes, bytes traded) of ``order`` after the other
+        passes of this pipeline.
 
         ``byte_safe``: run only the passes that never add bytes. The last item says
         whether a pass that may add bytes changed the plan.
@@ -141,7 +142,7 @@ class ReorderCollectives(RedistPass):
         traded = False
         if self._merges_possible:
             scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
-            for cls in DEFAULT_PIPELINE:
+            for cls in self.ctx.pipeline or DEFAULT_PIPELINE:
                 if cls is type(self) or (byte_safe and cls.may_add_bytes):
                     continue
                 result = cls(scratch)(gm)

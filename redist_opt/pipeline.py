@@ -65,6 +65,7 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) ->
         groups=groups,
         cost=cost,
         prefer=prefer,
+        pipeline=tuple(pass_classes),
     )
     profile = f"{cost.name} ({source})"
     changed: list[str] = []
