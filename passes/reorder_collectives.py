@@ -25,11 +25,11 @@ before it moves and grows only at the end) and the same keyed by merge group
 first (so steps that can merge are not separated by a local step). Each
 candidate, and the original order, is run through the merge passes; the one
 with the least modelled time wins, among those that issue no more collectives
-than the original order does after merging and move no more bytes than it does
-after the merges that never add bytes (a candidate that a byte-trading pass
-such as merge-reductions-into-all-reduce rewrote may move as many bytes as the
-original order after all passes). So a byte-trading rewrite of the original
-order cannot hide a cheaper order, and a reorder never adds bytes by itself.
+and move no more bytes than the original order does after the merges that never
+add bytes (a candidate that a byte-trading pass such as
+merge-reductions-into-all-reduce rewrote may move as many bytes as the original
+order after all passes). So a byte-trading rewrite of the original order cannot
+hide a faster order, and a reorder never adds collectives or bytes by itself.
 Ties keep the original order, so the result is deterministic and identical on
 every rank.
 
@@ -99,11 +99,13 @@ class ReorderCollectives(RedistPass):
         )
         scored = [(self._score(graph_module, regs, order), order) for order in candidates]
         base = scored[0][0]
-        # Bytes budget: the original order after the merges that never add bytes.
-        budget = self._score(graph_module, regs, identity, byte_safe=True)[2] if base[3] else base[2]
+        # Budgets: the original order after the merges that never add bytes. A byte-trading
+        # rewrite of the original order (one fat all_reduce) must not hide an order that is
+        # faster with as many collectives as the original would have without it.
+        budget = self._score(graph_module, regs, identity, byte_safe=True) if base[3] else base
         eligible = [
             (sc, o) for sc, o in scored
-            if sc[1] <= base[1] and (sc[2] <= budget or (sc[3] and sc[2] <= base[2]))
+            if sc[1] <= budget[1] and (sc[2] <= budget[2] or (sc[3] and sc[2] <= base[2]))
         ]  # fmt: skip
         best_score, best = min(eligible, key=lambda so: (so[0][0], so[0][1], so[0][2]))
         if best == identity or best_score[0] >= base[0]:
