@@ -33,6 +33,7 @@ def worker(rank: int, port: int) -> None:
 
     import compile_models
     import redist_opt
+    from redist_opt.cost import CostModel
     from redist_opt.compile import collectives
 
     warnings.filterwarnings("ignore")
@@ -74,7 +75,10 @@ def worker(rank: int, port: int) -> None:
             model = compile_models.build_tp_mlp(mesh, seed=7)
             compiled = torch.compile(
                 lambda x, t: compile_models.dp_tp_loss(model, x, t, mesh),
-                backend=redist_opt.backend(inner, groups="create"),
+                # The default (NCCL) model, under which merging the loss's dp and tp
+                # all_reduces pays; gloo's profile (picked from this mesh's backend)
+                # keeps them apart, and this test is about creating the group.
+                backend=redist_opt.backend(inner, groups="create", cost=CostModel.default()),
                 fullgraph=True,
             )
             got = run(model, compiled)

@@ -140,6 +140,22 @@ UNCHANGED = {
     "two_users": (two_users, (8, 4), "m3"),
 }
 GRAD = {"dtensor_grad"}
+# What the SimpleFSDP gradient becomes depends on its size and the cost model: the mesh
+# is the whole world, so one all_reduce over it plus a local chunk is always possible,
+# and it is the fastest for small tensors. Each variant pins the case the issue names:
+# with a dpr x tp group, a 4 MiB gradient under the default (NCCL) model becomes
+# reduce_scatter(dps) + one all_reduce(dpr+tp); without that group, under the gloo
+# profile (where one all_reduce over 8 ranks is never the cheapest), the
+# reduce_scatter moves first and both all_reduces carry half the bytes.
+VARIANTS = {"flat/simplefsdp": ((16384, 64), "nccl"), "noflat/simplefsdp": ((8, 4), "gloo")}
+
+
+def variant(key: str, shape):
+    """(local input shape, optimize_graph options) of program ``key`` ("flat/name")."""
+    from redist_opt.cost import CostModel
+
+    shape, profile = VARIANTS.get(key, (shape, None))
+    return shape, ({"cost": CostModel.profile(profile)} if profile else {})
 
 
 def make_meshes() -> dict:
@@ -218,7 +234,8 @@ def fake_main(rank: int) -> dict:
         for name, (make, shape, m) in {**PROGRAMS, **AGREEMENT, **UNCHANGED}.items():
             if flatten and name not in ("simplefsdp", "dtensor_grad"):
                 continue
-            rec = Recorder(meshes=meshes[m])
+            shape, options = variant(f"{tag}/{name}", shape)
+            rec = Recorder(meshes=meshes[m], **options)
             x = local_input(name, shape, rank, requires_grad=name in GRAD)
             compile_program(make(meshes[m]), x, rec)
             report[f"{tag}/{name}"] = rec.graphs
@@ -248,6 +265,8 @@ def gloo_programs(rank: int, world: int, only=None) -> dict:
             if only is not None and name not in only:
                 continue
             _log(rank, "program", flatten, name)
+            key = f"{'flat' if flatten else 'noflat'}/{name}"
+            shape, options = variant(key, shape)
             grad = name in GRAD
             mesh = meshes[m]
             fn = make(mesh)
@@ -258,11 +277,10 @@ def gloo_programs(rank: int, world: int, only=None) -> dict:
                 ref.sum().backward()
                 ref_grad = x.grad.clone()
                 x.grad = None
-            rec = Recorder(meshes=mesh)
+            rec = Recorder(meshes=mesh, **options)
             _log(rank, "  eager done")
             got, got_grad = compile_program(fn, x, rec)
             _log(rank, "  compiled", [g.get("explain") for g in rec.graphs])
-            key = f"{'flat' if flatten else 'noflat'}/{name}"
             assert torch.equal(got, ref.detach()), f"rank {rank} {key}: outputs differ"
             if grad:
                 assert torch.equal(got_grad, ref_grad), f"rank {rank} {key}: gradients differ"
@@ -387,9 +405,10 @@ def fake_inductor(rank: int) -> dict:
     dist.init_process_group("fake", rank=rank, world_size=8)
     meshes = make_meshes()
     meshes["m3"]["dpr", "tp"]._flatten()
-    pass_ = RedistGraphPass(meshes=meshes["m3"])
+    shape, options = variant("flat/simplefsdp", (8, 4))
+    pass_ = RedistGraphPass(meshes=meshes["m3"], **options)
     fn = simplefsdp(meshes["m3"])
-    x = local_input("simplefsdp", (8, 4), rank)
+    x = local_input("simplefsdp", shape, rank)
     import torch._dynamo
 
     torch._dynamo.reset()
