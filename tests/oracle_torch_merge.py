@@ -502,8 +502,10 @@ class MeshPool:
             yield root
         finally:
             for name, fm in mapping.items():
-                if name not in wanted:  # created by groups="create": keep for reuse
-                    dims = tuple(names.index(x) for x in name.split("_"))
-                    pool.setdefault(dims, fm)
+                parts = name.split("_")
+                # Created by groups="create" through DeviceMesh._flatten ("a_b"): keep for
+                # reuse. Groups redist_opt builds from a layout have other names: not pooled.
+                if name not in wanted and all(p in names for p in parts):
+                    pool.setdefault(tuple(names.index(x) for x in parts), fm)
             mapping.clear()
             mapping.update(saved)
