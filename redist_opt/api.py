@@ -97,8 +97,25 @@ def _forget_spec(key: int, dead_ref) -> None:
         del _spec_cache[key]
 
 
+# Open recorders of the meshes planned on (redist_opt.backend: the meshes of one trace).
+_mesh_recorders: list[dict] = []
+
+
+@contextlib.contextmanager
+def recording_meshes():
+    """Yields a dict (id -> DeviceMesh) of the meshes planned on inside the block."""
+    used: dict = {}
+    _mesh_recorders.append(used)
+    try:
+        yield used
+    finally:
+        _mesh_recorders.remove(used)
+
+
 def spec_of(device_mesh) -> MeshSpec:
     """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened mesh."""
+    for used in _mesh_recorders:
+        used[id(device_mesh)] = device_mesh
     root = device_mesh._get_root_mesh()
     stamp = (id(root), len(root._flatten_mapping), dist.is_initialized())
     hit = _spec_cache.get(id(device_mesh))

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch.fx as fx
 
-from .api import _check_groups, _warn_once, enabled, meshes_seen
+from .api import _check_groups, _warn_once, enabled, meshes_seen, recording_meshes
 
 __all__ = ["backend", "collectives", "describe_collectives"]
 
@@ -75,6 +75,10 @@ class _RedistOptBackend:
         self.groups = groups
         self.options = options
         self.graph_pass = graph_pass
+        # The meshes redist_opt planned on while tracing the current program: the
+        # graph pass resolves group names against these roots (a backward graph may
+        # be compiled lazily, after the trace, so they are kept here).
+        self._trace_meshes: dict = {}
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
@@ -84,7 +88,8 @@ class _RedistOptBackend:
         # The routing must be active while AOTAutograd traces (inside this call);
         # the inner compilers may run later (a lazily compiled backward), on
         # graphs already traced.
-        with enabled(self.groups, **self.options):
+        with enabled(self.groups, **self.options), recording_meshes() as used:
+            self._trace_meshes = used
             return self._compile(gm, example_inputs)
 
     def _compile(self, gm, example_inputs):
@@ -127,10 +132,10 @@ class _RedistOptBackend:
         snapshot = fx.Graph()
         snapshot.output(snapshot.graph_copy(gm.graph, {}))
         try:
-            # The meshes redist_opt planned on while tracing (their roots hold every
-            # group a chain can name); none seen: every live mesh.
+            # The meshes planned on while tracing this program (their roots hold the
+            # groups its chains name); none: every live mesh.
             optimize_graph(
-                gm, meshes=meshes_seen() or None, groups=self.groups,
+                gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
                 cost=self.options["cost"], prefer=self.options["prefer"],
             )  # fmt: skip
         except Exception as e:  # never turn a compile that works into one that fails

@@ -154,7 +154,11 @@ def optimize_graph(
     """Raise, optimize and lower back every collective chain of ``gm``, in place.
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
-    against; None finds every live root mesh this rank belongs to.
+    against; None finds every live root mesh this rank belongs to, and a group name
+    resolves to the first root whose dims give its ranks (most dims first, then most
+    flattened groups): exact either way, but pass the program's meshes to be sure
+    the root with its flattened groups is used (``redist_opt.backend`` passes the
+    meshes it traced on).
     ``groups``: "existing" (only process groups that exist) or "create"
     (flattened groups created at compile time, in graph order).
     ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.

@@ -166,8 +166,9 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
     """Root meshes to raise over: those given (any submesh stands for its root), or,
     with ``meshes=None``, every live root DeviceMesh this rank belongs to.
 
-    Sorted by (number of dims, sizes, names) so the search order is the same on
-    every rank.
+    Sorted by (number of dims, flattened groups, sizes, names) so the search order
+    is the same on every rank; among equal roots (the same ranks, so the same
+    meaning) the one with more flattened groups comes first, as it offers more merges.
     """
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -191,7 +192,9 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
         )
     return sorted(
         roots.values(),
-        key=lambda c: (-c.spec.ndim, c.spec.sizes, c.spec.names or (), repr(c.rank_map)),
+        key=lambda c: (
+            -c.spec.ndim, -len(c.device_mesh._flatten_mapping), c.spec.sizes, c.spec.names or (), repr(c.rank_map)
+        ),
     )
 
 
