@@ -16,7 +16,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .context import GroupChoice, RedistPass
 from redist_opt import ir
-from redist_opt import steps as S
+from redist_opt.ir import steps as S
 
 
 def rewrite_runs(graph_module, mesh, regs: Sequence[S.Region], found, rewrite) -> PassResult:

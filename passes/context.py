@@ -11,9 +11,9 @@ import torch
 from torch.fx.passes.infra.pass_base import PassBase
 
 from redist_opt import ir
-from redist_opt.cost import CostModel
-from redist_opt.mesh import MeshGroup, MeshSpec
-from redist_opt.plan import Note
+from redist_opt.ir.cost import CostModel
+from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.plan import Note
 
 __all__ = ["PassContext", "RedistPass", "GroupChoice"]
 
@@ -105,7 +105,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _fmt(group: MeshGroup) -> str:
-    from redist_opt.layout import format_layout
+    from redist_opt.ir.layout import format_layout
 
     return format_layout(group.layout)
 

@@ -27,7 +27,7 @@ Only contiguous sub-runs merge; the cheapest split under the cost model wins.
 from __future__ import annotations
 
 from . import _merge
-from redist_opt import steps as S
+from redist_opt.ir import steps as S
 
 
 class MergeAllGathers(_merge.MergeRunPass):

@@ -57,8 +57,8 @@ from torch.fx.passes.infra.pass_base import PassResult
 from . import _merge
 from .context import RedistPass
 from redist_opt import ir
-from redist_opt import steps as S
-from redist_opt import symbolic as sym
+from redist_opt.ir import steps as S
+from redist_opt.ir import symbolic as sym
 
 
 class MergeAllToAlls(RedistPass):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 
 from . import _merge
-from redist_opt import symbolic as sym
+from redist_opt.ir import symbolic as sym
 
 
 class MergeReduceScatters(_merge.MergeRunPass):

@@ -51,7 +51,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from . import _merge
 from .context import RedistPass
 from redist_opt import ir
-from redist_opt import steps as S
+from redist_opt.ir import steps as S
 
 _KINDS = ("all_reduce", "reduce_scatter")
 

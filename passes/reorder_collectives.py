@@ -9,7 +9,7 @@ Rewrite (P,P,P -> R,S(0),R on a 2x2x2 mesh)::
 so merge-reductions can fuse the two all_reduces, and both run on the scattered
 (smaller) tensor.
 
-Legality (``redist_opt.steps.commute``), for every pair of steps whose relative
+Legality (``redist_opt.ir.steps.commute``), for every pair of steps whose relative
 order changes:
 
 1. they span disjoint mesh dims;
@@ -45,7 +45,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .context import RedistPass
 from redist_opt import ir
-from redist_opt import steps as S
+from redist_opt.ir import steps as S
 
 _PRIORITY = {
     "chunk": 0,

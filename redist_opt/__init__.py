@@ -4,12 +4,12 @@ Lower a redistribution into an FX-graph IR of collectives over mesh layouts,
 optimize it with a pass pipeline, and run it over the mesh's process groups.
 """
 
-from .api import enabled, optimize, plan, redistribute, redistribute_local_tensor
-from .compile import backend
-from .mesh import MeshGroup, MeshSpec
-from .placements import RedistributeError, parse_placement, parse_placements
-from .plan import Plan
-from .runtime import execute
+from redist_opt.api.core import enabled, optimize, plan, redistribute, redistribute_local_tensor
+from redist_opt.graph.backend import backend
+from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.placements import RedistributeError, parse_placement, parse_placements
+from redist_opt.ir.plan import Plan
+from redist_opt.runtime.execute import execute
 
 __all__ = [
     "plan",

@@ -1,6 +1,6 @@
 """``python -m redist_opt ...``: the same command as ``redist-opt ...``."""
 
-from redist_opt.cli import main
+from redist_opt.tools.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

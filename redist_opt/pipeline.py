@@ -11,11 +11,11 @@ import itertools
 
 from torch.fx.passes.infra.pass_manager import PassManager
 
-from . import ir
-from .cost import resolve as resolve_cost
-from .dump import dump_dir_from_env, plan_tag, write_pass_dump
-from .placements import RedistributeError
-from .plan import Plan
+from redist_opt import ir
+from redist_opt.ir.cost import resolve as resolve_cost
+from redist_opt.debug.dump import dump_dir_from_env, plan_tag, write_pass_dump
+from redist_opt.ir.placements import RedistributeError
+from redist_opt.ir.plan import Plan
 
 __all__ = ["run_pipeline"]
 
@@ -52,7 +52,7 @@ class _Tracked:
 
 @functools.lru_cache(maxsize=4096)
 def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) -> Plan:
-    from .passes import DEFAULT_PIPELINE, PassContext
+    from redist_opt.passes import DEFAULT_PIPELINE, PassContext
 
     pass_classes = DEFAULT_PIPELINE if passes is None else list(passes)
     if not pass_classes:

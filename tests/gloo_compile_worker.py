@@ -33,8 +33,8 @@ def worker(rank: int, port: int) -> None:
 
     import compile_models
     import redist_opt
-    from redist_opt.cost import CostModel
-    from redist_opt.compile import collectives
+    from redist_opt.ir.cost import CostModel
+    from redist_opt.graph.backend import collectives
 
     warnings.filterwarnings("ignore")
     dist.init_process_group(

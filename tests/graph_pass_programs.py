@@ -29,7 +29,7 @@ for _p in (ROOT, HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from redist_opt.graph_pass import count_collectives, optimize_graph  # noqa: E402
+from redist_opt.graph.graph_pass import count_collectives, optimize_graph  # noqa: E402
 
 
 # -- programs -------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ VARIANTS = {"flat/simplefsdp": ((16384, 64), "nccl"), "noflat/simplefsdp": ((8, 
 
 def variant(key: str, shape):
     """(local input shape, optimize_graph options) of program ``key`` ("flat/name")."""
-    from redist_opt.cost import CostModel
+    from redist_opt.ir.cost import CostModel
 
     shape, profile = VARIANTS.get(key, (shape, None))
     return shape, ({"cost": CostModel.profile(profile)} if profile else {})
@@ -400,7 +400,7 @@ def fake_inductor(rank: int) -> dict:
     import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
-    from redist_opt.graph_pass import RedistGraphPass
+    from redist_opt.graph.graph_pass import RedistGraphPass
 
     dist.init_process_group("fake", rank=rank, world_size=8)
     meshes = make_meshes()

@@ -7,7 +7,7 @@ the redistribution of ``plan``, and how many bytes does each rank feed them?
 It replays ``torch.distributed.tensor._redistribute._optimize_transform_infos``
 on ``plan.steps`` (which replay torch's greedy planner, one step per mesh dim,
 size-1 mesh dims included, as torch's transform infos) and lowers the result
-with ``redist_opt.lower.lower_steps``, so its ``Plan`` (``plan.replace(graph=...)``)
+with ``redist_opt.ir.lower.lower_steps``, so its ``Plan`` (``plan.replace(graph=...)``)
 reports collectives and bytes exactly as our optimized plans do.
 
 torch's rules, as read in torch/distributed/tensor/_redistribute.py (2.13.0):
@@ -66,10 +66,10 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Shard
 
 import redist_opt
 from redist_opt import ir
-from redist_opt import symbolic as sym
-from redist_opt.lower import lower_steps
-from redist_opt.mesh import MeshSpec
-from redist_opt.plan import Plan
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.lower import lower_steps
+from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.plan import Plan
 
 __all__ = [
     "TorchModel",

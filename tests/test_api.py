@@ -13,7 +13,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import harness
 import redist_opt
-from redist_opt.torch_dtensor import reference_semantics
+from redist_opt.runtime.torch_dtensor import reference_semantics
 
 
 def _locals(dt):
@@ -78,18 +78,18 @@ def test_enabled_routes_dtensor_redistribute():
         dt = _partial_input(lm, mesh, [Partial(), Partial()], (6, 3))
         original = DTensor.redistribute
         calls = []
-        real = redist_opt.api.redistribute_local_tensor
+        real = redist_opt.api.core.redistribute_local_tensor
 
         def spy(*a, **k):
             calls.append(k.get("groups"))
             return real(*a, **k)
 
-        redist_opt.api.redistribute_local_tensor = spy
+        redist_opt.api.core.redistribute_local_tensor = spy
         try:
             with redist_opt.enabled(groups="existing"):
                 out = dt.redistribute(mesh, [Replicate(), Shard(0)])
         finally:
-            redist_opt.api.redistribute_local_tensor = real
+            redist_opt.api.core.redistribute_local_tensor = real
         assert DTensor.redistribute is original
         assert calls == ["existing"]
         with reference_semantics():
@@ -143,7 +143,7 @@ def test_create_policy_creates_and_caches_a_flattened_group():
 
 
 def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
-    from redist_opt import runtime
+    from redist_opt.runtime import execute as runtime
 
     def refuse(*a, **k):
         raise RuntimeError("backend cannot create communicators")
@@ -151,7 +151,7 @@ def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
     with LocalTensorMode(8) as lm:
         root = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2), mesh_dim_names=("x", "y", "z"))
         dt = _partial_input(lm, root, [Partial(), Partial(), Replicate()], (6, 3))
-        monkeypatch.setattr(redist_opt.layout, "create_flattened_mesh", refuse)
+        monkeypatch.setattr(redist_opt.ir.layout, "create_flattened_mesh", refuse)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             with CommDebugMode() as cdm:
@@ -176,7 +176,7 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
     # ring profile whose inter-host latency makes the merged all_reduce slower,
     # prefer="time" keeps two reductions; prefer="consistency" merges anyway so
     # every replica comes from one reduction.
-    from redist_opt.cost import CostModel
+    from redist_opt.ir.cost import CostModel
 
     ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
                      bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")

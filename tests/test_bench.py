@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from redist_opt.bench import planning_bench
-from redist_opt.spawn import SpawnError, run_ranks
-from redist_opt.cli import main
-from redist_opt.cost import KINDS, CostModel
+from redist_opt.tools.bench import planning_bench
+from redist_opt.tools.spawn import SpawnError, run_ranks
+from redist_opt.tools.cli import main
+from redist_opt.ir.cost import KINDS, CostModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
-        [sys.executable, "-m", "redist_opt.cli", *args],
+        [sys.executable, "-m", "redist_opt.tools.cli", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

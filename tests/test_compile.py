@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import compile_models
 import redist_opt
-from redist_opt.compile import collectives
+from redist_opt.graph.backend import collectives
 
 
 class GraphCapture:
@@ -153,7 +153,7 @@ def test_dynamic_shapes_fall_back_to_torch_with_a_warning():
         torch._dynamo.mark_dynamic(dt, 0)  # the sharded dim arrives as a SymInt
         return dt
 
-    redist_opt.api._warned.clear()
+    redist_opt.api.core._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cap, out = _compile_and_run(f, (make_input(8),), "ours", backward=False)
@@ -235,7 +235,7 @@ def test_backend_runs_the_graph_pass_across_redistributions():
 
 
 def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch):
-    import redist_opt.graph_pass
+    import redist_opt.graph.graph_pass
 
     def broken(gm, **kwargs):
         gm.graph.erase_node(next(iter(gm.graph.nodes)).next)  # leave the graph half-rewritten

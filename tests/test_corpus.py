@@ -18,8 +18,8 @@ import pytest
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
-from redist_opt import quality
-from redist_opt.mesh import MeshSpec
+from redist_opt.tools import quality
+from redist_opt.ir.mesh import MeshSpec
 
 CASES = quality.load_corpus()
 BY_ID = {c.id: c for c in CASES}

@@ -16,9 +16,11 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
-import redist_opt.api
-from redist_opt import cli, cost, dump
-from redist_opt.cost import PROFILE_ENV, CostModel
+import redist_opt.api.core
+from redist_opt.tools import cli
+from redist_opt.ir import cost
+from redist_opt.debug import dump
+from redist_opt.ir.cost import PROFILE_ENV, CostModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +58,7 @@ def test_fake_mesh_gets_default(no_env):
     with LocalTensorMode(4) as lm:
         with lm.disable():
             dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
-        spec = redist_opt.api.spec_of(dm)
+        spec = redist_opt.api.core.spec_of(dm)
     assert dist.get_backend() == "fake"
     assert spec.backend == "fake"
     p = redist_opt.plan(spec, "P,P", "R,R", shape=(8, 4))
@@ -73,7 +75,7 @@ GLOO_SCRIPT = textwrap.dedent(
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     dm = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
-    spec = redist_opt.api.spec_of(dm)
+    spec = redist_opt.api.core.spec_of(dm)
     opt = redist_opt.optimize(redist_opt.plan(dm, "P,P", "R,R", shape=(4,)))
     print(spec.backend, "|", opt.cost_profile)
     dist.destroy_process_group()
@@ -115,8 +117,8 @@ def test_env_profile_file_is_honoured(tmp_path, monkeypatch):
     [
         (None, "cannot read the cost profile"),
         ("{", "is not valid JSON"),
-        (json.dumps({"format": "redist_opt.cost/1", "model": {"launch": "fast"}}), "launch='fast' must be a number"),
-        (json.dumps({"format": "redist_opt.cost/1", "model": {"warp": 1}}), "unknown field"),
+        (json.dumps({"format": "redist_opt.ir.cost/1", "model": {"launch": "fast"}}), "launch='fast' must be a number"),
+        (json.dumps({"format": "redist_opt.ir.cost/1", "model": {"warp": 1}}), "unknown field"),
         (json.dumps({"format": "other/9", "model": {}}), "format 'other/9'"),
     ],
 )
@@ -161,7 +163,7 @@ def test_dumps_show_the_profile(tmp_path, monkeypatch):
 
 def test_backend_per_device_string(monkeypatch):
     # get_backend names one backend per device for mixed process groups.
-    from redist_opt import mesh as mesh_mod
+    from redist_opt.ir import mesh as mesh_mod
 
     class FakeMesh:
         ndim = 2

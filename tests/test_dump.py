@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import redist_opt
-from redist_opt import dump
+from redist_opt.debug import dump
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_FILE = ROOT / "fixtures" / "cases.json"

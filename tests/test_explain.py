@@ -1,6 +1,6 @@
 """``redist-opt explain``: text, json and dot output, files it writes, and its errors.
 
-Most tests call ``redist_opt.cli.main`` in-process (fast); one runs the real
+Most tests call ``redist_opt.tools.cli.main`` in-process (fast); one runs the real
 entry point in a subprocess to check exit code 2 and no traceback end to end.
 """
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import redist_opt
-from redist_opt import cli, dump
-from redist_opt.cost import CostModel
+from redist_opt.tools import cli
+from redist_opt.debug import dump
+from redist_opt.ir.cost import CostModel
 
 from test_dump import case_argv, case_plans, load_cases
 
@@ -62,7 +63,7 @@ def test_acceptance_text(capsys):
 
 
 def L_fmt(group):
-    from redist_opt.layout import format_layout
+    from redist_opt.ir.layout import format_layout
 
     return format_layout(group.layout)
 
@@ -250,7 +251,7 @@ def test_cli_error_bad_dump_filter(tmp_path, capsys, monkeypatch):
 def test_cli_error_in_a_real_process():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "redist_opt.cli", "explain", "--mesh", "a=2,b=2", "--src", "S(0),R",
+        [sys.executable, "-m", "redist_opt.tools.cli", "explain", "--mesh", "a=2,b=2", "--src", "S(0),R",
          "--dst", "R,S(5)", "--shape", "8,4"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
     )

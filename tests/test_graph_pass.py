@@ -22,8 +22,8 @@ import torch.fx as fx
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from redist_opt.graph_pass import RedistGraphPass, count_collectives, optimize_graph
-from redist_opt.raise_graph import mesh_contexts
+from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
+from redist_opt.graph.raise_chains import mesh_contexts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,7 +17,7 @@ import os
 import pytest
 
 import graph_pass_programs as P
-from redist_opt.spawn import run_ranks
+from redist_opt.tools.spawn import run_ranks
 
 
 @pytest.fixture(scope="module")

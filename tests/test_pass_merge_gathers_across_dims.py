@@ -9,10 +9,10 @@ from harness import check_case
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
-from redist_opt import layout as L
-from redist_opt import runtime
-from redist_opt import steps as S
-from redist_opt.cost import CostModel
+from redist_opt.ir import layout as L
+from redist_opt.runtime import execute as runtime
+from redist_opt.ir import steps as S
+from redist_opt.ir.cost import CostModel
 from redist_opt.passes import MergeAllGathers, MergeGathersAcrossDims
 
 P = MergeGathersAcrossDims

@@ -2,7 +2,7 @@ from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
 from redist_opt.passes import MergeReductions, ReorderCollectives
-from redist_opt.cost import CostModel
+from redist_opt.ir.cost import CostModel
 
 
 def _plan(sizes, flattened, src, dst, shape=(8, 4)):

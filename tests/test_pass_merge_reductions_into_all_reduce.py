@@ -9,7 +9,7 @@ from harness import check_case
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
-from redist_opt.cost import CostModel
+from redist_opt.ir.cost import CostModel
 from redist_opt.passes import MergeReductionsIntoAllReduce, ReorderCollectives
 
 P = MergeReductionsIntoAllReduce

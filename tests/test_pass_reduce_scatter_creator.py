@@ -1,7 +1,7 @@
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
-from redist_opt.cost import CostModel
+from redist_opt.ir.cost import CostModel
 from redist_opt.passes import ReduceScatterCreator, ReorderCollectives
 
 EXAMPLE = ("P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)")  # issue 10, example 2

@@ -62,8 +62,8 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 import redist_opt
-import redist_opt.api
-import redist_opt.cost
+import redist_opt.api.core
+import redist_opt.ir.cost
 
 # Hypothesis profiles. "ci" (the default here, and what .ci/run asks for with
 # HYPOTHESIS_PROFILE=ci): deterministic (derandomize), no deadline (a mesh built
@@ -177,7 +177,7 @@ POOL = MeshPool()
 def _clear_spec_cache() -> None:
     # MeshPool.use swaps a root's flattened meshes in place (torch itself only
     # ever adds them); drop redist_opt's per-mesh MeshSpec cache so it re-reads them.
-    cache = getattr(redist_opt.api, "_spec_cache", None)
+    cache = getattr(redist_opt.api.core, "_spec_cache", None)
     if cache is not None:
         cache.clear()
 
@@ -273,7 +273,7 @@ def check_plan(req, dtype) -> None:
         # One all_reduce in place of reduce_scatters + all_reduces trades bytes for
         # launches: there the bound is modelled time under the cost model in use.
         TRADED["test_plan_never_worse_than_torch"] += 1
-        cost, _ = redist_opt.cost.resolve(spec)
+        cost, _ = redist_opt.ir.cost.resolve(spec)
         ours_t, torch_t = cost.plan_time(ours), min(cost.plan_time(v) for v in model.variants)
         assert ours_t <= torch_t * (1 + 1e-9), (
             f"more modelled time than torch under {cost.name}: {ours_t * 1e6:.2f}us > {torch_t * 1e6:.2f}us: {what}"

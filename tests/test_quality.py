@@ -1,4 +1,4 @@
-"""``redist_opt.quality``: the quality benchmark against torch's shipped redistribute.
+"""``redist_opt.tools.quality``: the quality benchmark against torch's shipped redistribute.
 
 * its torch numbers equal an independent count: torch's redistribute (merge pass
   on) run here under ``CommDebugMode`` on a fresh mesh with the case's flattened
@@ -22,8 +22,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
-from redist_opt import quality
-from redist_opt.cost import CostModel
+from redist_opt.tools import quality
+from redist_opt.ir.cost import CostModel
 
 BY_ID = {c.id: c for c in quality.load_corpus()}
 SMALL = ["hsdp_grad", "gradnorm_3d", "ep_dispatch_borrow_cp"]
@@ -159,7 +159,7 @@ def test_cli(tmp_path, capsys):
 
 def test_bench_part_quality(tmp_path, capsys):
     """Wired as `redist-opt bench --part quality` beside the bench's own options."""
-    from redist_opt.cli import main
+    from redist_opt.tools.cli import main
 
     out = tmp_path / "q.md"
     assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--no-verify",

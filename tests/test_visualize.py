@@ -11,8 +11,8 @@ import pytest
 
 import redist_opt
 from redist_opt import ir
-from redist_opt import layout as L
-from redist_opt import visualize
+from redist_opt.ir import layout as L
+from redist_opt.debug import visualize
 
 from test_dump import case_plans, load_cases
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .spawn import SpawnError, run_ranks
+from redist_opt.tools.spawn import SpawnError, run_ranks
 
 __all__ = ["run_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
 
@@ -53,13 +53,13 @@ def _demo_input(mesh, src_p, shape, rank):
 
 
 def _demo_worker(rank: int, world: int) -> list[dict]:
-    """One rank of the demo (run by :func:`redist_opt.spawn.run_ranks`): every case three ways."""
+    """One rank of the demo (run by :func:`redist_opt.tools.spawn.run_ranks`): every case three ways."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
     import redist_opt
-    from redist_opt.torch_dtensor import reference_semantics
+    from redist_opt.runtime.torch_dtensor import reference_semantics
 
     sizes, names = DEMO_MESH
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
@@ -111,8 +111,8 @@ def _median_time(fn, context=None, repeat: int = 7) -> float:
 def run_demo(timeout: float = 300.0) -> int:
     """Explain every demo case, run it on 8 gloo processes, print the comparison; 0 if all equal."""
     import redist_opt
-    from redist_opt.cost import CostModel
-    from redist_opt.dump import format_explain
+    from redist_opt.ir.cost import CostModel
+    from redist_opt.debug.dump import format_explain
 
     sizes, names = DEMO_MESH
     world = 1

@@ -18,8 +18,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from . import layout as L
-from .placements import RedistributeError
+from redist_opt.ir import layout as L
+from redist_opt.ir.placements import RedistributeError
 
 __all__ = ["MeshSpec", "MeshGroup"]
 
@@ -74,7 +74,7 @@ class MeshSpec:
     dim_layouts: tuple | None = None
     index_space: int | None = None
     # The process-group backend of the mesh's groups ("gloo", "nccl", "fake", ...), None
-    # when unknown (rank-free specs); picks the cost profile (``redist_opt.cost.resolve``).
+    # when unknown (rank-free specs); picks the cost profile (``redist_opt.ir.cost.resolve``).
     backend: str | None = None
     # Whether the root's rank map lists global ranks in ascending index order (True for
     # init_device_mesh and rank-free specs); see ``rank_order``.

@@ -2,7 +2,7 @@
 
 A plan holds the rank-free mesh, the source and destination placements, the
 global shape and dtype, the planner steps and the IR graph. It never holds a
-process group: ``redist_opt.runtime.execute`` binds it to a DeviceMesh.
+process group: ``redist_opt.runtime.execute.execute`` binds it to a DeviceMesh.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 import torch.fx as fx
 from torch.distributed.tensor.placement_types import Placement
 
-from . import ir
-from .lower import check_transition, greedy_steps, lower_steps, unsupported_reason
-from .mesh import MeshGroup, MeshSpec
-from .placements import RedistributeError, normalize_placements
+from redist_opt import ir
+from redist_opt.ir.lower import check_transition, greedy_steps, lower_steps, unsupported_reason
+from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.placements import RedistributeError, normalize_placements
 
 __all__ = ["Plan", "make_plan", "Collective", "Note"]
 
@@ -115,7 +115,7 @@ class Plan:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        from .dump import format_plan
+        from redist_opt.debug.dump import format_plan
 
         return format_plan(self)
 

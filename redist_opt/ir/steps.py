@@ -4,7 +4,7 @@ The IR is a chain of *regions*: the ops one planner step lowered to (a
 collective plus the pad/narrow ops around it), tagged by ``node.meta["step"]``.
 Passes decide at the level of steps (may these two commute? may these merge?)
 and rewrite the IR by re-lowering the changed step list through
-``redist_opt.lower.lower_step``, so the padding rules for uneven shards live in
+``redist_opt.ir.lower.lower_step``, so the padding rules for uneven shards live in
 one place. Regions whose step a pass did not touch are re-lowered from the same
 ``StepInfo`` and so produce the same ops.
 
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 import torch.fx as fx
 from torch.distributed.tensor.placement_types import Partial, Shard
 
-from . import ir
-from . import symbolic as sym
-from .lower import lower_step
-from .mesh import MeshSpec
+from redist_opt import ir
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.lower import lower_step
+from redist_opt.ir.mesh import MeshSpec
 
 __all__ = [
     "Region",

@@ -35,10 +35,10 @@ from torch.distributed._local_tensor import (
     tensor_map,
 )
 
-from . import layout as L
-from . import symbolic as sym
-from .ir import ir_name
-from .mesh import MeshGroup
+from redist_opt.ir import layout as L
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.ops import ir_name
+from redist_opt.ir.mesh import MeshGroup
 
 __all__ = ["execute", "resolve_group", "GroupUnavailable"]
 
@@ -63,7 +63,7 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
             return dist.group.WORLD
         return found
     if policy != "existing":
-        from .torch_dtensor import outside_tracing
+        from redist_opt.runtime.torch_dtensor import outside_tracing
 
         try:
             with outside_tracing():
@@ -279,7 +279,7 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
     A DTensor built with ``from_local(..., run_check=False)`` and a wrong shape
     would otherwise produce a silently wrong result.
     """
-    from .placements import RedistributeError
+    from redist_opt.ir.placements import RedistributeError
 
     if all(isinstance(e, sym.sympy.Integer) for e in expected):
         want_of = lambda rank: tuple(int(e) for e in expected)  # noqa: E731

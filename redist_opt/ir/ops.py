@@ -22,7 +22,7 @@ Op set (every op takes the local tensor first)::
                                                   coordinates at positions; t gets lengths[i]
 
 Sizes, starts and indices are sympy expressions in the mesh coordinates
-(``redist_opt.symbolic``): one graph serves every rank. Each node carries
+(``redist_opt.ir.symbolic``): one graph serves every rank. Each node carries
 ``node.meta``:
 
 * ``shape``: the local shape after the node, a tuple of size expressions;
@@ -31,7 +31,7 @@ Sizes, starts and indices are sympy expressions in the mesh coordinates
 * ``from_node``: names of the nodes a pass rewrote into this one (provenance).
 
 The graph is held by a ``torch.fx.GraphModule`` so ``torch.fx.passes.infra``
-passes apply; it is executed by ``redist_opt.runtime``, never by fx codegen.
+passes apply; it is executed by ``redist_opt.runtime.execute``, never by fx codegen.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.distributed.tensor.placement_types import Placement
 
-from . import symbolic as sym
-from .mesh import MeshGroup
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.mesh import MeshGroup
 
 __all__ = [
     "OPS",
@@ -62,7 +62,7 @@ __all__ = [
 def _ir_op(name: str, *, collective: bool):
     def deco(shape_fn: Callable) -> Callable:
         def op(*args, **kwargs):  # pragma: no cover - markers are interpreted, not called
-            raise RuntimeError(f"redist_opt IR op {name} is executed by redist_opt.runtime")
+            raise RuntimeError(f"redist_opt IR op {name} is executed by redist_opt.runtime.execute")
 
         op.__name__ = op.__qualname__ = name
         op.__module__ = __name__
@@ -245,7 +245,7 @@ class GraphBuilder:
     def finish(self) -> fx.GraphModule:
         self.graph.output(self.value)
         # A lazy GraphModule skips Python code generation: our graphs are interpreted
-        # by redist_opt.runtime, and codegen after every pass dominated planning time.
+        # by redist_opt.runtime.execute, and codegen after every pass dominated planning time.
         return _LazyGraphModule(torch.nn.Module(), self.graph)
 
 

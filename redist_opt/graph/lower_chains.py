@@ -1,6 +1,6 @@
 """Lowering back: an optimized redistribution IR -> ``_c10d_functional`` nodes in the compiled graph.
 
-The inverse of :mod:`redist_opt.raise_graph`. Each IR collective becomes the
+The inverse of :mod:`redist_opt.graph.raise_chains`. Each IR collective becomes the
 functional collective torch itself would trace, over a real group name, followed
 by its ``wait_tensor``; local IR ops become aten ops with this rank's block
 indices (the IR is rank-free; the graph a rank compiles holds its own
@@ -20,7 +20,7 @@ where the chain's first collective was; the last ``wait_tensor`` and everything
 after it where the chain's last wait was.
 
 Groups: ``groups="existing"`` uses a mesh dim's group, a flattened mesh or the
-world group with the same layout (``redist_opt.runtime.resolve_group``);
+world group with the same layout (``redist_opt.runtime.execute.resolve_group``);
 ``groups="create"`` flattens the mesh dims on first use. Groups are created at
 compile time, in graph order, which is the same on every rank. Pad/narrow ops
 (uneven shards) and all_to_all are not lowered: a plan needing them is not used.
@@ -33,9 +33,9 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import ir
-from . import symbolic as sym
-from .raise_graph import C10D, MeshContext
+from redist_opt import ir
+from redist_opt.ir import symbolic as sym
+from redist_opt.graph.raise_chains import C10D, MeshContext
 
 __all__ = ["Unlowerable", "group_name", "lower_into_graph"]
 
@@ -49,7 +49,7 @@ class Unlowerable(RuntimeError):
 def group_name(ctx: MeshContext, group, policy: str) -> str:
     import torch.distributed as dist
 
-    from .runtime import GroupUnavailable, resolve_group
+    from redist_opt.runtime.execute import GroupUnavailable, resolve_group
 
     try:
         found = resolve_group(ctx.device_mesh, group, policy)

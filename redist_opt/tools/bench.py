@@ -5,7 +5,7 @@
 * wall clock over 4 real gloo processes on a 2x2 mesh: torch's
   ``DTensor.redistribute`` (merge pass on, a flattened group present), torch with
   its merge pass off, and ``redist_opt.redistribute(groups="existing")``
-  (see :mod:`redist_opt.timing` for how a time is taken).
+  (see :mod:`redist_opt.tools.timing` for how a time is taken).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .cost import CostModel
-from .spawn import run_ranks
-from .timing import Stat, timed_samples, wait
-from .units import format_size
+from redist_opt.ir.cost import CostModel
+from redist_opt.tools.spawn import run_ranks
+from redist_opt.tools.timing import Stat, timed_samples, wait
+from redist_opt.tools.units import format_size
 
 __all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH"]
 
@@ -55,7 +55,7 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
     import redist_opt
 
     # ``redist_opt.plan`` is the function; the module defines the cache.
-    plan_mod = importlib.import_module("redist_opt.plan")
+    plan_mod = importlib.import_module("redist_opt.ir.plan")
     pipeline = importlib.import_module("redist_opt.pipeline")
 
     c = PLANNING_CASE
@@ -102,7 +102,7 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
     do_both()
     # The eager hot path: what redist_opt.redistribute does per call once planned
     # (Placement objects in, one dictionary lookup for the naive and optimized plans).
-    from redist_opt.api import _plans_for
+    from redist_opt.api.core import _plans_for
 
     hot_key = (
         spec,

@@ -12,7 +12,7 @@ defers to torch's while Dynamo traces), so a program that compiles with torch's
 default backend compiles with this one.
 
 Then, before the inner compiler, each graph goes through the compiled-graph
-pass (:func:`redist_opt.graph_pass.optimize_graph`): chains of collectives from
+pass (:func:`redist_opt.graph.graph_pass.optimize_graph`): chains of collectives from
 different places (two redistributions in a row, hand-written funcol next to
 DTensor's) are raised into the IR, optimized together and lowered back. A graph
 it cannot improve is left as it was; if the pass fails, the graph as traced is
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch.fx as fx
 
-from .api import _check_groups, _warn_once, enabled, meshes_seen, recording_meshes
+from redist_opt.api.core import _check_groups, _warn_once, enabled, meshes_seen, recording_meshes
 
 __all__ = ["backend", "collectives", "describe_collectives"]
 
@@ -127,7 +127,7 @@ class _RedistOptBackend:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
         if not self.graph_pass:
             return
-        from .graph_pass import optimize_graph
+        from redist_opt.graph.graph_pass import optimize_graph
 
         snapshot = fx.Graph()
         snapshot.output(snapshot.graph_copy(gm.graph, {}))
@@ -206,7 +206,7 @@ def _group_labels() -> dict[str, str]:
 
 
 def _dims_of_layout(layout, dim_layouts) -> tuple[int, ...] | None:
-    from . import layout as L
+    from redist_opt.ir import layout as L
 
     n = len(dim_layouts)
     for k in range(2, n + 1):
@@ -227,7 +227,7 @@ _dump_lock = threading.Lock()
 
 
 def _dump_graph(gm: fx.GraphModule, kind: str) -> None:
-    from .dump import dump_dir_from_env
+    from redist_opt.debug.dump import dump_dir_from_env
 
     directory = dump_dir_from_env()
     if directory is None:

@@ -69,7 +69,7 @@ import torch
 import torch.fx as fx
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from .mesh import MeshSpec
+from redist_opt.ir.mesh import MeshSpec
 
 __all__ = [
     "C10D",

@@ -63,8 +63,9 @@ def cmd_explain(args) -> int:
     import json
 
     import redist_opt
-    from redist_opt import dump, visualize
-    from redist_opt.placements import RedistributeError, normalize_placements
+    from redist_opt.debug import dump
+    from redist_opt.debug import visualize
+    from redist_opt.ir.placements import RedistributeError, normalize_placements
 
     spec = _explain_mesh(args.mesh, args.flatten or [])
     if args.backend:
@@ -128,7 +129,7 @@ def cmd_explain(args) -> int:
 def _explain_mesh(text: str, flatten: list[str]):
     """``--mesh`` and ``--flatten`` -> MeshSpec; errors name the flag."""
     import redist_opt
-    from redist_opt.placements import RedistributeError
+    from redist_opt.ir.placements import RedistributeError
 
     sizes, names = _parse_mesh(text)
     for name, size in zip(names, sizes):
@@ -162,7 +163,7 @@ BUILTIN_PROFILES = ("nccl", "gloo")
 
 def _load_profile(flag: str, profile: str):
     """A built-in cost profile by name, or one written by ``redist-opt calibrate``."""
-    from redist_opt.cost import CostModel
+    from redist_opt.ir.cost import CostModel
 
     try:
         if profile in BUILTIN_PROFILES and not os.path.exists(profile):
@@ -178,7 +179,7 @@ def _explain_cost_model(profile: str | None, devices_per_host: int | None, spec=
     """(model, where it came from): --cost-model, else $REDIST_OPT_COST_PROFILE or --backend."""
     import dataclasses
 
-    from redist_opt.cost import resolve
+    from redist_opt.ir.cost import resolve
 
     if profile is None:
         try:
@@ -214,7 +215,7 @@ def _explain_env(name: str, value: str):
 
 
 def _explain_write(flag: str, path: str, render) -> None:
-    from redist_opt.visualize import write_text
+    from redist_opt.debug.visualize import write_text
 
     try:
         text = render()
@@ -234,7 +235,7 @@ def _explain_error(message: str):
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from redist_opt.tools.demo import run_demo
 
     return run_demo(timeout=args.timeout)
 
@@ -243,7 +244,7 @@ def cmd_demo(args) -> int:
 
 
 def _sizes(text: str) -> list[int]:
-    from redist_opt.units import parse_sizes
+    from redist_opt.tools.units import parse_sizes
 
     try:
         return parse_sizes(text)
@@ -257,11 +258,11 @@ def _check_samples(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from redist_opt.calibrate import calibrate, format_calibration
-    from redist_opt.cost import KINDS
-    from redist_opt.spawn import SpawnError
-    from redist_opt.timing import load_warning
-    from redist_opt.units import format_size
+    from redist_opt.tools.calibrate import calibrate, format_calibration
+    from redist_opt.ir.cost import KINDS
+    from redist_opt.tools.spawn import SpawnError
+    from redist_opt.tools.timing import load_warning
+    from redist_opt.tools.units import format_size
 
     mesh_sizes, names = _parse_mesh(args.mesh)
     sizes = _sizes(args.sizes)
@@ -297,7 +298,7 @@ def cmd_calibrate(args) -> int:
 def _parse_case(text: str) -> tuple[str, str]:
     """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
     import redist_opt
-    from redist_opt.bench import WALL_MESH
+    from redist_opt.tools.bench import WALL_MESH
 
     if "->" not in text:
         raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
@@ -311,12 +312,12 @@ def _parse_case(text: str) -> tuple[str, str]:
 
 def cmd_bench(args) -> int:
     if args.part == "quality":  # the corpus against torch's shipped redistribute (redist_opt/quality.py)
-        from redist_opt import quality
+        from redist_opt.tools import quality
 
         return quality.cmd_quality(args)
-    from redist_opt import bench
-    from redist_opt.spawn import SpawnError
-    from redist_opt.timing import load_warning, loadavg, torch_version
+    from redist_opt.tools import bench
+    from redist_opt.tools.spawn import SpawnError
+    from redist_opt.tools.timing import load_warning, loadavg, torch_version
 
     sizes = _sizes(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
@@ -360,7 +361,7 @@ def cmd_bench(args) -> int:
 
 
 def _add_calibrate_arguments(p) -> None:
-    from redist_opt.calibrate import DEFAULT_CALIBRATE_SIZES
+    from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES
 
     p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
     p.add_argument("--mesh", default="2,2", help="mesh sizes, e.g. 2,2 or a=2,b=2 (default 2,2)")
@@ -376,9 +377,9 @@ def _add_calibrate_arguments(p) -> None:
 
 
 def _add_bench_arguments(p) -> None:
-    from redist_opt.bench import DEFAULT_BENCH_SIZES
+    from redist_opt.tools.bench import DEFAULT_BENCH_SIZES
 
-    from redist_opt.quality import add_quality_arguments
+    from redist_opt.tools.quality import add_quality_arguments
 
     p.add_argument(
         "--part", default="all", choices=["all", "planning", "wall", "quality"],
@@ -466,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from redist_opt.placements import RedistributeError
+    from redist_opt.ir.placements import RedistributeError
 
     try:
         return args.func(args)

@@ -27,7 +27,7 @@ import os
 __all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile"]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
-PROFILE_FORMAT = "redist_opt.cost/1"
+PROFILE_FORMAT = "redist_opt.ir.cost/1"
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ALGORITHMS = ("ring", "tree")

@@ -20,16 +20,16 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
-from . import torch_dtensor as tdt
-from .mesh import MeshSpec
-from .placements import REDUCE_OPS, RedistributeError, normalize_placements, placement_str, placements_str
+from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, normalize_placements, placement_str, placements_str
 
 # Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
 # every c10d reduce op, "prod" included) is run by torch's redistribute.
 LOWERED_REDUCE_OPS = REDUCE_OPS
-from .plan import Plan, make_plan
-from . import ir
-from .runtime import GroupUnavailable, check_local_shape, execute
+from redist_opt.ir.plan import Plan, make_plan
+from redist_opt import ir
+from redist_opt.runtime.execute import GroupUnavailable, check_local_shape, execute
 
 __all__ = ["plan", "optimize", "redistribute", "redistribute_local_tensor", "enabled"]
 
@@ -67,7 +67,7 @@ def optimize(
 
     ``groups``: "existing" (only communicators that exist), "create", or a list of
     mesh-dim groups (``["dp+cp"]``) that may be created. ``cost``: a
-    :class:`~redist_opt.cost.CostModel` (default: NCCL-like). ``prefer``: "time",
+    :class:`~redist_opt.ir.cost.CostModel` (default: NCCL-like). ``prefer``: "time",
     or "consistency" to merge every reduction a group allows (bitwise-equal
     replicas) whatever the cost. ``passes``: a list of pass classes to run
     instead of the default pipeline.
@@ -80,7 +80,7 @@ def optimize(
         raise RedistributeError(f"prefer={prefer!r}: expected 'time' or 'consistency'")
     if p.fallback:
         return p
-    from .pipeline import run_pipeline
+    from redist_opt.pipeline import run_pipeline
 
     return run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
 

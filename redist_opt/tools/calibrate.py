@@ -3,8 +3,8 @@
 Spawns N gloo processes on 127.0.0.1, times all_reduce, reduce_scatter,
 all_gather and all_to_all through ``torch.distributed._functional_collectives``
 on each mesh dim's groups and on the flattened whole-mesh group over a range of
-message sizes (see :mod:`redist_opt.timing` for how a time is taken), and fits
-the alpha-beta parameters of :class:`redist_opt.cost.CostModel` (launch,
+message sizes (see :mod:`redist_opt.tools.timing` for how a time is taken), and fits
+the alpha-beta parameters of :class:`redist_opt.ir.cost.CostModel` (launch,
 per-step alpha, bandwidth, and whichever algorithm -- ring or tree -- fits
 better) by least squares. The profile is written as JSON (``CostModel.load``
 reads it).
@@ -21,10 +21,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from .cost import KINDS, CostModel, steps_and_bytes
-from .spawn import run_ranks
-from .timing import Stat, loadavg, timed_samples, torch_version, wait
-from .units import format_size, parse_sizes
+from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
+from redist_opt.tools.spawn import run_ranks
+from redist_opt.tools.timing import Stat, loadavg, timed_samples, torch_version, wait
+from redist_opt.tools.units import format_size, parse_sizes
 
 __all__ = ["calibrate", "fit_alpha_beta", "FitResult", "format_calibration", "DEFAULT_CALIBRATE_SIZES"]
 
@@ -216,7 +216,7 @@ def calibrate(
     creation = [max(ts) for ts in zip(*(r["creation"] for r in per_rank))]
     fit = fit_alpha_beta(measurements)
     model = fit.model(name=f"gloo-calibrated-{nprocs}", create_group=statistics.median(creation))
-    from .mesh import MeshSpec
+    from redist_opt.ir.mesh import MeshSpec
 
     spec = MeshSpec(sizes=mesh_sizes, names=names)
     for m in measurements:

@@ -89,11 +89,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import ir
-from . import layout as L
-from . import symbolic as sym
-from .placements import placement_str, placements_str
-from .visualize import plan_to_dot
+from redist_opt import ir
+from redist_opt.ir import layout as L
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.placements import placement_str, placements_str
+from redist_opt.debug.visualize import plan_to_dot
 
 __all__ = [
     "format_plan",

@@ -15,7 +15,7 @@ and modelled time of
 
 Comparison rule ("worse"): a policy is worse than torch on a case when it issues
 more collectives, OR more bytes per rank, OR more modelled time (the same
-:class:`~redist_opt.cost.CostModel` prices both sides: ``collective_time`` summed
+:class:`~redist_opt.ir.cost.CostModel` prices both sides: ``collective_time`` summed
 over the collectives; the one-off cost of creating a group is left out).
 
 Scaling. LocalTensorMode keeps every rank's tensors in this process, so torch
@@ -57,11 +57,11 @@ __all__ = [
     "cmd_quality",
 ]
 
-DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "corpus.json")
+DEFAULT_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fixtures", "corpus.json")
 
 CATEGORIES = ("fsdp", "hsdp", "tp", "cp", "4d", "ep", "grad_norm", "loss", "jagged", "uneven")
 POLICIES = ("existing", "create")
-RESULT_FORMAT = "redist_opt.quality/1"
+RESULT_FORMAT = "redist_opt.tools.quality/1"
 _FIELDS = ("id", "category", "source", "why", "mesh", "flatten", "src", "dst", "shape", "dtype")
 # Simulated process-group world: larger than any corpus mesh, so no case's mesh is
 # the default (world) group and the groups that exist are exactly the case's
@@ -91,8 +91,8 @@ class CorpusCase:
 
     def spec(self):
         """The rank-free MeshSpec, built as ``redist-opt explain`` builds it."""
-        from .cli import CliError, _explain_mesh
-        from .placements import RedistributeError
+        from redist_opt.tools.cli import CliError, _explain_mesh
+        from redist_opt.ir.placements import RedistributeError
 
         try:
             return _explain_mesh(self.mesh, list(self.flatten))
@@ -109,7 +109,7 @@ class CorpusCase:
 
     def placements(self):
         """(src, dst) as normalized torch placements (raises ValueError naming the case)."""
-        from .placements import RedistributeError, normalize_placements, parse_placements
+        from redist_opt.ir.placements import RedistributeError, normalize_placements, parse_placements
 
         spec = self.spec()
         out = []
@@ -396,10 +396,10 @@ def _run_torch(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
 def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh, recorder) -> dict:
     """Execute our plans of the simulation shape: they must issue exactly the collectives
     (kind and ranks, in order) and the bytes they claim."""
-    from . import api
-    from .layout import rank_lists
-    from .placements import RedistributeError
-    from .runtime import execute
+    from redist_opt.api import core as api
+    from redist_opt.ir.layout import rank_lists
+    from redist_opt.ir.placements import RedistributeError
+    from redist_opt.runtime.execute import execute
 
     try:
         naive = api.plan(spec, src, dst, shape=sim, dtype=dtype)
@@ -437,8 +437,8 @@ def _op_str(kind, group, nbytes, spec) -> str:
 
 
 def _run_ours(case: CorpusCase, model) -> dict:
-    from . import api
-    from .placements import RedistributeError
+    from redist_opt.api import core as api
+    from redist_opt.ir.placements import RedistributeError
 
     spec = case.spec()
     src, dst = case.placements()
@@ -535,13 +535,13 @@ def quality_bench(
 ) -> dict:
     """Run torch and both of our policies on ``cases``; returns a JSON-able dict.
 
-    ``cost_model``: a :class:`~redist_opt.cost.CostModel` (default: NCCL-like).
+    ``cost_model``: a :class:`~redist_opt.ir.cost.CostModel` (default: NCCL-like).
     ``verify``: also execute our plans of the simulation shape and check they issue
     the collectives and bytes they claim. ``progress``: called with each finished row.
     """
     import torch
 
-    from .cost import CostModel
+    from redist_opt.ir.cost import CostModel
 
     model = cost_model or CostModel.default()
     _ensure_fake_pg()
@@ -744,7 +744,7 @@ def add_quality_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _cost_model(profile: str, devices_per_host: int | None):
     """The CLI's cost profile (``--profile``: nccl, gloo or a calibrate JSON file)."""
-    from .cli import CliError, _load_profile
+    from redist_opt.tools.cli import CliError, _load_profile
 
     model = _load_profile("--profile", profile)
     if devices_per_host is not None:
@@ -756,7 +756,7 @@ def _cost_model(profile: str, devices_per_host: int | None):
 
 def cmd_quality(args) -> int:
     """``redist-opt bench --part quality``: exit 0, 1 when ours is worse on some case, 2 on bad input."""
-    from .cli import CliError
+    from redist_opt.tools.cli import CliError
 
     try:
         cases = load_corpus(args.corpus)
@@ -793,7 +793,7 @@ def cmd_quality(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m redist_opt.quality`` (the same as ``redist-opt bench --part quality``)."""
+    """``python -m redist_opt.tools.quality`` (the same as ``redist-opt bench --part quality``)."""
     parser = argparse.ArgumentParser(prog="redist-opt bench --part quality", description=__doc__.splitlines()[0])
     add_quality_arguments(parser)
     return cmd_quality(parser.parse_args(argv))

@@ -12,7 +12,7 @@ Everything here is written by our own code (no graphviz binary, no browser):
 * :func:`mesh_svg`: the mesh's ranks as a grid (1-D: one row; 2-D: rows x
   columns; 3-D and up: one small grid of the last two dims per coordinate of the
   leading dims), then one panel per collective of each plan colouring which
-  ranks it groups together (``redist_opt.layout.rank_lists``); a rank's small
+  ranks it groups together (``redist_opt.ir.layout.rank_lists``); a rank's small
   number is its position in its group (the chunk order of a gather/scatter).
 
 SVG structure (what tests and tools may rely on): root ``<svg>``; each panel of a
@@ -32,9 +32,9 @@ from xml.sax.saxutils import escape, quoteattr
 
 import networkx as nx
 
-from . import ir
-from . import layout as L
-from . import symbolic as sym
+from redist_opt import ir
+from redist_opt.ir import layout as L
+from redist_opt.ir import symbolic as sym
 
 __all__ = [
     "plan_graph",

@@ -25,10 +25,10 @@ from torch.distributed.tensor.placement_types import (
     Shard,
 )
 
-from . import symbolic as sym
-from .ir import GraphBuilder, StepInfo
-from .mesh import MeshSpec
-from .placements import RedistributeError, placement_str
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.ops import GraphBuilder, StepInfo
+from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.placements import RedistributeError, placement_str
 
 __all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition"]
 

@@ -1,0 +1,339 @@
+"""The compiled-graph pass: raise collective chains, optimize across them, lower back.
+
+Entry points:
+
+* :func:`optimize_graph` ``(gm, *, meshes=None, groups="existing", cost=None,
+  prefer="time") -> GraphPassResult``: rewrites a forward/backward
+  ``GraphModule`` in place (what ``redist_opt.backend`` calls before its inner
+  compiler);
+* :class:`RedistGraphPass`: the same as an Inductor ``CustomGraphPass`` for
+  ``torch._inductor.config.post_grad_custom_post_pass``, with a stable ``uuid``
+  (hash of this pass's source files and options) so FX graph caching stays correct.
+
+Rewrite, per chain (see :mod:`redist_opt.graph.raise_chains` for what a chain is)::
+
+    chain of collectives + local ops  --raise-->  redistribute(src -> dst) on a root mesh
+    plan(src, dst) --passes/ pipeline-->  optimized IR  --lower_graph-->  funcol + wait_tensor
+
+Because a chain is re-planned from its meaning, rewrites across
+redistributions fall out of the planner and the pipeline:
+
+* ``all_reduce(G)`` then this rank's block of ``G`` (XLA's ReduceScatterCreator):
+  ``P -> S(d)`` is one ``reduce_scatter(G)``;
+* ``all_gather(G)`` then this rank's block of ``G``: ``S(d) -> S(d)`` is nothing;
+* reductions from different places (hand-written funcol and DTensor) over
+  disjoint dims: ``P, P, P -> ...`` merges them over the product group when one
+  is available (XLA's AllReduceFolder), and scatters move before reductions so
+  these carry fewer bytes.
+
+Legality: those of raising, plus
+
+1. the new chain is used only if it is cheaper: fewer collectives, or as many
+   moving fewer bytes per rank (ring volume); otherwise the graph is unchanged;
+2. reductions may be regrouped (summation order changes; exact for
+   integer-valued data, within rounding otherwise): the same freedom the
+   pipeline takes in eager mode; nothing else changes values;
+3. the decision uses only shapes, dtypes, layouts and graph structure, so every
+   rank rewrites the same chains the same way and creates groups in the same order.
+
+What it does not do: chains through ``all_to_all_single``, uneven shards (pad /
+narrow), collectives on different root meshes, values with more than one user
+in mid-chain. Each is left as it was with a one-line reason in the result (and
+in the dump).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import torch.fx as fx
+
+from redist_opt.ir.cost import CostModel, steps_and_bytes
+from redist_opt.debug.dump import dump_dir_from_env
+from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
+from redist_opt.ir.placements import RedistributeError, placement_str
+from redist_opt.graph.raise_chains import (
+    Chain,
+    NotRaised,
+    agree_slice_dims,
+    assign_placements,
+    find_chains,
+    mesh_contexts,
+    truncate,
+)
+
+__all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "count_collectives"]
+
+@dataclasses.dataclass
+class ChainResult:
+    """One raised chain: what it meant, what it was, and what it became."""
+
+    nodes: tuple[str, ...]
+    mesh: str
+    src: str
+    dst: str
+    shape: tuple[int, ...]
+    before: list[tuple[str, str, int]]  # (kind, mesh dims, bytes in) of the original collectives
+    after: list[tuple[str, str, int]]
+    rewritten: bool
+    reason: str
+
+    def __str__(self) -> str:
+        def fmt(cs):
+            return " ; ".join(f"{k}({g})" for k, g, _ in cs) or "nothing"
+
+        verdict = "rewritten" if self.rewritten else "kept"
+        return (f"{self.src} -> {self.dst} {self.shape} on {self.mesh}: {fmt(self.before)} => "
+                f"{fmt(self.after)}: {verdict}: {self.reason}")
+
+
+@dataclasses.dataclass
+class GraphPassResult:
+    modified: bool
+    chains: list[ChainResult]
+    not_raised: list[NotRaised]
+
+    @property
+    def collectives_before(self) -> int:
+        return sum(len(c.before) for c in self.chains)
+
+    @property
+    def collectives_after(self) -> int:
+        return sum(len(c.after if c.rewritten else c.before) for c in self.chains)
+
+    def explain(self) -> str:
+        lines = [str(c) for c in self.chains] + [str(n) for n in self.not_raised]
+        return "\n".join(lines)
+
+
+def count_collectives(graph) -> dict[str, int]:
+    """``{kind: count}`` of ``_c10d_functional`` collectives in a graph (waits excluded)."""
+    from redist_opt.graph.raise_chains import _COLLECTIVES
+
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    out: dict[str, int] = {}
+    for n in g.nodes:
+        if n.op == "call_function" and n.target in _COLLECTIVES:
+            k = _COLLECTIVES[n.target]
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _moved(cs, algorithm="ring") -> float:
+    return sum(steps_and_bytes(k, p, b, algorithm)[1] for k, _, b, p in cs)
+
+
+def _original_collectives(chain: Chain):
+    out = []
+    spec = chain.ctx.spec
+    for op in chain.collectives:
+        v = op.nodes[0].args[0].meta["val"]
+        nbytes = v.numel() * v.element_size()
+        p = 1
+        for d in op.dims:
+            p *= spec.sizes[d]
+        out.append((op.kind, "+".join(spec.dim_name(d) for d in op.dims), nbytes, p))
+    return out
+
+
+def _plan_collectives(plan):
+    return [(c.kind, c.group.name(plan.mesh), c.bytes_in, c.group.size) for c in plan.collectives()]
+
+
+def optimize_graph(
+    gm: fx.GraphModule | fx.Graph,
+    *,
+    meshes=None,
+    groups: str = "existing",
+    cost: CostModel | None = None,
+    prefer: str = "time",
+    all_gather=None,
+) -> GraphPassResult:
+    """Raise, optimize and lower back every collective chain of ``gm``, in place.
+
+    ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
+    against; None finds every live root mesh this rank belongs to, and a group name
+    resolves to the first root whose dims give its ranks (most dims first, then most
+    flattened groups): exact either way, but pass the program's meshes to be sure
+    the root with its flattened groups is used (``redist_opt.backend`` passes the
+    meshes it traced on).
+    ``groups``: "existing" (only process groups that exist) or "create"
+    (flattened groups created at compile time, in graph order).
+    ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.
+    ``all_gather``: how ranks agree on the mesh dims of constant-index slices
+    (default: through the default group's store; see ``raise_graph.agree_slice_dims``).
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
+    with unset_fake_temporarily():
+        return _optimize_graph(gm, meshes, groups, cost, prefer, all_gather)
+
+
+def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassResult:
+    graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
+    dump_dir = dump_dir_from_env()
+    tag = _dump_tag(graph) if dump_dir is not None else None
+    if dump_dir is not None:
+        _write(dump_dir, f"{tag}.before.txt", _graph_text(gm))
+    contexts = mesh_contexts(meshes)
+    chains, not_raised = find_chains(graph, contexts) if contexts else ([], [])
+    if not contexts and count_collectives(graph):
+        not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
+    failed = agree_slice_dims(chains, all_gather) if chains else {}
+    results: list[ChainResult] = []
+    modified = False
+    for ci, chain in enumerate(chains):
+        if ci in failed:
+            pos, why = failed[ci]
+            whole = chain.names
+            if not truncate(chain, pos, why):
+                not_raised.append(NotRaised(whole, why))
+                continue
+        why = assign_placements(chain)
+        if why is not None:
+            not_raised.append(NotRaised(chain.names, why))
+            continue
+        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, prefer)
+        if chain.stop_reason and not res.rewritten:
+            res.reason += f"; the chain stops before {chain.stop_reason}"
+        results.append(res)
+        if dump_dir is not None:
+            _write(dump_dir, f"{tag}.chain{ci:02d}.txt", _chain_dump(chain, res, plans))
+        if new_value is not None:
+            chain.end.replace_all_uses_with(new_value)
+            for n in reversed(chain.nodes):
+                if not n.users:
+                    graph.erase_node(n)
+            modified = True
+    if modified:
+        graph.lint()
+        if isinstance(gm, fx.GraphModule):
+            gm.recompile()
+    result = GraphPassResult(modified, results, not_raised)
+    if dump_dir is not None:
+        _write(dump_dir, f"{tag}.after.txt", _graph_text(gm))
+        _write(dump_dir, f"{tag}.explain.txt", result.explain() + "\n")
+    return result
+
+
+def _optimize_chain(graph, chain: Chain, groups, cost, prefer):
+    from redist_opt.pipeline import run_pipeline
+    from redist_opt.ir.plan import make_plan
+
+    spec = chain.ctx.spec
+    src = ",".join(placement_str(p) for p in chain.src)
+    dst = ",".join(placement_str(p) for p in chain.dst)
+    before = _original_collectives(chain)
+
+    def result(after, rewritten, reason):
+        strip = lambda cs: [c[:3] for c in cs]  # noqa: E731
+        return ChainResult(chain.names, spec.shape_str, src, dst, chain.shape, strip(before),
+                           strip(after), rewritten, reason)
+
+    try:
+        naive = make_plan(spec, chain.src, chain.dst, chain.shape, chain.dtype)
+        if naive.fallback:
+            return result([], False, f"not planned: {naive.fallback_reason}"), None, ()
+        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer)
+    except RedistributeError as e:
+        return result([], False, f"not planned: {e}"), None, ()
+    after = _plan_collectives(plan)
+    old_key = (len(before), _moved(before))
+    new_key = (len(after), _moved(after))
+    if new_key >= old_key:
+        return result(after, False, (
+            f"not cheaper ({len(after)} collectives moving {new_key[1]:.0f} B vs "
+            f"{len(before)} moving {old_key[1]:.0f} B)"
+        )), None, (naive, plan)
+    try:
+        new_value = lower_into_graph(graph, chain, plan, groups)
+    except Unlowerable as e:
+        return result(after, False, f"not lowered: {e}"), None, (naive, plan)
+    reason = (f"{len(before)} -> {len(after)} collectives, {old_key[1]:.0f} -> {new_key[1]:.0f} B "
+              f"moved per rank; passes: {', '.join(plan.applied_passes) or 'none'}")
+    return result(after, True, reason), new_value, (naive, plan)
+
+
+# -- Inductor hook --------------------------------------------------------------------------
+
+try:
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+except ImportError:  # pragma: no cover
+    CustomGraphPass = object  # type: ignore[misc,assignment]
+
+
+class RedistGraphPass(CustomGraphPass):
+    """``torch._inductor.config.post_grad_custom_post_pass = RedistGraphPass(...)``.
+
+    ``uuid()`` hashes this pass's source files and its options: FX graph caching
+    reuses a compiled graph only when the pass that produced it is the same.
+    The :class:`GraphPassResult` of each graph is appended to ``self.results``.
+
+    Two things are deliberately off in this hook, because with FX graph caching
+    one rank may load a cached graph (and not run the pass) while another
+    compiles: creating groups (``groups="create"`` is refused: a cached graph
+    would name a group the loading process never created), and agreeing across
+    ranks on the mesh dims of constant-index slices (a rank that does not run the
+    pass would never answer). Slices whose mesh dims are unambiguous are still
+    rewritten. ``redist_opt.backend`` runs the pass outside Inductor's cache and
+    has neither restriction.
+    """
+
+    def __init__(self, *, meshes=None, groups: str = "existing", cost: CostModel | None = None,
+                 prefer: str = "time") -> None:
+        if groups != "existing":
+            raise ValueError(
+                "RedistGraphPass takes groups='existing' only: flatten the mesh dims you want "
+                "merged before compiling, or use redist_opt.backend(groups='create')"
+            )
+        self.meshes, self.groups, self.cost, self.prefer = meshes, groups, cost, prefer
+        self.results: list[GraphPassResult] = []
+
+    def __call__(self, graph: fx.Graph) -> None:
+        self.results.append(
+            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost,
+                           prefer=self.prefer, all_gather=_no_agreement)
+        )
+
+    def uuid(self):
+        from redist_opt.graph import lower_chains as lower_graph
+        from redist_opt.graph import raise_chains as raise_graph
+
+        cost = self.cost.to_dict() if self.cost is not None else "default"
+        extra = repr((self.groups, self.prefer, sorted(cost.items()) if isinstance(cost, dict) else cost))
+        return get_hash_for_files((__file__, raise_graph.__file__, lower_graph.__file__), extra)
+
+
+def _no_agreement(facts):
+    return "no agreement across ranks inside Inductor's (cacheable) post-grad pass"
+
+
+# -- dumps ----------------------------------------------------------------------------------
+
+_seq = itertools.count()
+
+
+def _dump_tag(graph) -> str:
+    return f"{next(_seq):04d}.graph_pass"
+
+
+def _graph_text(gm) -> str:
+    if isinstance(gm, fx.GraphModule):
+        return gm.print_readable(print_output=False) if hasattr(gm, "print_readable") else gm.code
+    return str(gm)
+
+
+def _write(directory, name: str, text: str) -> None:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_text(text)
+
+
+def _chain_dump(chain: Chain, res: ChainResult, plans) -> str:
+    lines = [f"chain: {' -> '.join(res.nodes)}", str(res), ""]
+    for title, p in zip(("raised (naive plan)", "optimized"), plans):
+        lines += [f"== {title} ==", str(p), ""]
+    return "\n".join(lines)
