@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from pathlib import Path
 
 from torch.fx.passes.infra.pass_manager import PassManager
 
@@ -17,17 +18,20 @@ from redist_opt.debug.dump import dump_dir_from_env, plan_tag, write_pass_dump
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import Plan
 
-__all__ = ["run_pipeline"]
+__all__ = ["run_pipeline", "clear_cache"]
 
 
-def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="time") -> Plan:
+def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", dump_dir=None) -> Plan:
     groups_key = groups if isinstance(groups, str) else tuple(groups)
     pass_key = None if passes is None else tuple(passes)
     if cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
         cost, source = resolve_cost(p.mesh)
     else:
         source = "passed as cost="
-    dump_dir = dump_dir_from_env()
+    if dump_dir is None:
+        dump_dir = dump_dir_from_env()
+    else:
+        dump_dir = Path(dump_dir)
     if dump_dir is not None:  # dumping: run uncached, so every run writes its files
         return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, source, dump_dir)
     return _run_cached(p, groups_key, pass_key, cost, prefer, source)
@@ -101,3 +105,8 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) ->
     return p.replace(
         graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
     )
+
+
+def clear_cache() -> None:
+    """Forget every pipeline result (``redist_opt.clear_caches``)."""
+    _run_cached.cache_clear()

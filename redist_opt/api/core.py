@@ -28,10 +28,13 @@ from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, normalize_pl
 # every c10d reduce op, "prod" included) is run by torch's redistribute.
 LOWERED_REDUCE_OPS = REDUCE_OPS
 from redist_opt.ir.plan import Plan, make_plan
+from redist_opt.ir import cost
+from redist_opt.ir import plan as plan_module
+from redist_opt import pipeline
 from redist_opt import ir
 from redist_opt.runtime.execute import GroupUnavailable, check_local_shape, execute
 
-__all__ = ["plan", "optimize", "redistribute", "redistribute_local_tensor", "enabled"]
+__all__ = ["plan", "optimize", "redistribute", "redistribute_local_tensor", "enabled", "clear_caches"]
 
 logger = logging.getLogger("redist_opt")
 
@@ -62,6 +65,7 @@ def optimize(
     passes=None,
     cost=None,
     prefer: str = "time",
+    dump_dir=None,
 ) -> Plan:
     """Run the pass pipeline (``passes/``) over ``p``; returns a new plan.
 
@@ -70,7 +74,9 @@ def optimize(
     :class:`~redist_opt.ir.cost.CostModel` (default: NCCL-like). ``prefer``: "time",
     or "consistency" to merge every reduction a group allows (bitwise-equal
     replicas) whatever the cost. ``passes``: a list of pass classes to run
-    instead of the default pipeline.
+    instead of the default pipeline. ``dump_dir``: write the IR before the
+    pipeline and after every pass that changed it into this directory (default:
+    ``$REDIST_OPT_DUMP_DIR``, if set).
     """
     _check_groups(groups)
     if not isinstance(groups, str):
@@ -80,9 +86,7 @@ def optimize(
         raise RedistributeError(f"prefer={prefer!r}: expected 'time' or 'consistency'")
     if p.fallback:
         return p
-    from redist_opt.pipeline import run_pipeline
-
-    return run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer)
+    return pipeline.run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer, dump_dir=dump_dir)
 
 
 # id(mesh) -> (weakref to the mesh, stamp, spec). Keyed by identity, not by
@@ -138,6 +142,16 @@ def _as_spec(mesh) -> MeshSpec:
     if hasattr(mesh, "_layout") and hasattr(mesh, "mesh_dim_names"):
         return spec_of(mesh)
     raise RedistributeError(f"expected a DeviceMesh or MeshSpec, got {type(mesh).__name__}")
+
+
+def clear_caches() -> None:
+    """Forget every cached result: lowered plans, pipeline results, hot plans,
+    MeshSpecs of DeviceMeshes and cost profiles read from files."""
+    plan_module.clear_cache()
+    pipeline.clear_cache()
+    cost.clear_cache()
+    _spec_cache.clear()
+    _hot_plans.clear()
 
 
 def _check_groups(groups) -> None:

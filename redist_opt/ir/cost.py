@@ -274,3 +274,8 @@ def resolve(mesh=None) -> tuple[CostModel, str]:
     if backend is not None:
         return CostModel.profile(backend_profile(backend)), f"mesh backend {backend}"
     return CostModel.default(), "default: no backend known"
+
+
+def clear_cache() -> None:
+    """Forget the cost profiles read from files (``redist_opt.clear_caches``)."""
+    _load_cached.cache_clear()

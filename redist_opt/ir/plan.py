@@ -154,3 +154,8 @@ def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
     if any(s < 0 for s in out):
         raise RedistributeError(f"tensor shape {out} has a negative size")
     return out
+
+
+def clear_cache() -> None:
+    """Forget every lowered plan (``redist_opt.clear_caches``)."""
+    _make_plan_cached.cache_clear()
