@@ -241,7 +241,7 @@ def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch
         gm.graph.erase_node(next(iter(gm.graph.nodes)).next)  # leave the graph half-rewritten
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(redist_opt.graph_pass, "optimize_graph", broken)
+    monkeypatch.setattr(redist_opt.graph.graph_pass, "optimize_graph", broken)
     mesh = _mesh_2x2x2_dp_tp_flat()
 
     def f(x):
