@@ -2,9 +2,19 @@
 
 Each entry is a ``torch.fx.passes.infra.pass_base.PassBase`` subclass in its own
 module of this package, with its rewrite rule and legality conditions in its
-docstring and its own test file. ``redist_opt.optimize`` instantiates every
-pass with a :class:`PassContext` and runs them under
-``torch.fx.passes.infra.PassManager`` with the IR verifier after each pass.
+docstring and its own test file. ``redist_opt.pipeline.run_pipeline``
+instantiates every pass with one :class:`PassContext` (whose ``pipeline`` is the
+pass list being run) and runs them under ``torch.fx.passes.infra.PassManager``,
+with the IR verifier as its check and the order constraints of
+``redist_opt.pipeline.ORDER``.
+
+The framework the passes share: ``_rewriter.StepRewriter`` (keep a step,
+replace the last k, emit new ones; provenance and re-lowering),
+``PassContext.profitable`` / ``PassContext.best`` (the one profitability rule,
+with its one margin ``context.MARGIN``), ``_merge`` (runs, partitions and the
+merge-pass base ``MergeRunPass``). Steps a pass makes that DTensor does not
+(one all_to_all splitting two dims, one all_gather of blocks) are variants in
+the IR's step table, ``redist_opt.ir.ops.STEP_VARIANTS``.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from .merge_reductions_into_all_reduce import MergeReductionsIntoAllReduce
 from .reduce_scatter_creator import ReduceScatterCreator
 from .reorder_collectives import ReorderCollectives
 
-__all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE", "pass_by_name"]
+__all__ = ["PassContext", "RedistPass", "DEFAULT_PIPELINE"]
 
 # The default pipeline, in order.
 DEFAULT_PIPELINE: list[type[RedistPass]] = [
@@ -42,9 +52,3 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     MergeGathersAcrossDims,
 ]
 
-
-def pass_by_name(name: str) -> type[RedistPass]:
-    for cls in DEFAULT_PIPELINE:
-        if cls.name == name:
-            return cls
-    raise KeyError(f"no pass named {name!r}; known: {[c.name for c in DEFAULT_PIPELINE]}")

@@ -1,4 +1,4 @@
-"""What every pass may read, and the base class of our passes."""
+"""What every pass may read, the one profitability rule, and the base class of our passes."""
 
 from __future__ import annotations
 
@@ -12,10 +12,32 @@ from torch.fx.passes.infra.pass_base import PassBase
 
 from redist_opt import ir
 from redist_opt.ir.cost import CostModel
+from redist_opt.ir.layout import format_layout
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.plan import Note
 
-__all__ = ["PassContext", "RedistPass", "GroupChoice"]
+__all__ = ["PassContext", "RedistPass", "GroupChoice", "Cost", "MARGIN"]
+
+# The one margin of the profitability rule (PassContext.profitable): a rewrite that
+# issues fewer collectives pays when its modelled time is at most this much (relative)
+# above the time it replaces. A model calibrated on a noisy machine should not flip a
+# merge on a 1% difference, and one collective also gives bitwise-equal replicas.
+MARGIN = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What some collectives cost: modelled time (s), how many, bytes fed per rank."""
+
+    time: float
+    collectives: int
+    nbytes: int
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.time + other.time, self.collectives + other.collectives, self.nbytes + other.nbytes)
+
+
+ZERO = Cost(0.0, 0, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +59,10 @@ class PassContext:
     cost: CostModel = dataclasses.field(default_factory=CostModel.default)
     prefer: str = "time"  # or "consistency": merge every reduction a group allows
     notes: list[Note] = dataclasses.field(default_factory=list)
-    # The pass classes this pipeline runs (None: the default pipeline), so a pass
-    # that scores alternatives by running the others (reorder-collectives) runs
-    # exactly those.
-    pipeline: tuple | None = None
+    # The pass classes of the pipeline being run, in order (run_pipeline sets them).
+    # reorder-collectives scores candidate orders by running exactly these passes
+    # after itself; a context without them scores an order by itself.
+    pipeline: tuple = ()
 
     @property
     def itemsize(self) -> int:
@@ -98,6 +120,61 @@ class PassContext:
     def collective_time(self, kind: str, choice: GroupChoice, nbytes: int) -> float:
         return self.cost.collective_time(kind, choice.group, nbytes, self.mesh) + choice.extra_cost
 
+    # -- profitability ------------------------------------------------------------------
+
+    def new_cost(self, kind: str, choice: GroupChoice, nbytes: int) -> Cost:
+        """The cost of one new ``kind`` over ``choice`` fed ``nbytes`` per rank."""
+        return Cost(self.collective_time(kind, choice, nbytes), 1, nbytes)
+
+    def cost_of(self, regions) -> Cost:
+        """The cost of the collectives of ``regions`` (``steps.Region``) as they are."""
+        total = ZERO
+        for r in regions:
+            node = r.collective
+            if node is not None:
+                nbytes = self.bytes_of(node.args[0].meta["shape"])
+                time = self.cost.collective_time(ir.ir_name(node), node.args[1], nbytes, self.mesh)
+                total = total + Cost(time, 1, nbytes)
+        return total
+
+    def profitable(self, before: Cost, after: Cost, *, what: str = "the rewrite",
+                   trades_bytes: bool = False) -> tuple[bool, str]:
+        """Whether replacing collectives costing ``before`` by ones costing ``after`` pays,
+        and why (``what`` names the new collectives in the reason). The rule of every pass:
+
+        1. never more bytes fed per rank (padding uneven pieces can make a merged
+           collective move more than the separate ones did), unless ``trades_bytes``:
+           a rewrite made to trade bytes on the wire for launches
+           (merge-reductions-into-all-reduce), which must instead be strictly faster
+           (no margin, no ``prefer="consistency"`` waiver: it is made for time only);
+        2. ``prefer="consistency"``: no more collectives pays whatever the time;
+        3. otherwise the modelled time: no slower, or, with fewer collectives, at most
+           ``MARGIN`` slower.
+        """
+        times = f"{what} {after.time * 1e6:.1f}us vs {before.time * 1e6:.1f}us under the {self.cost.name} cost model"
+        if trades_bytes:
+            return (True, times) if after.time < before.time else (False, "cost: " + times)
+        if after.nbytes > before.nbytes:
+            return False, f"padding: {what} is fed {after.nbytes} B vs {before.nbytes} B"
+        if self.prefer == "consistency" and after.collectives <= before.collectives:
+            return True, f"prefer=consistency: {after.collectives} vs {before.collectives} collectives"
+        slack = 1 + MARGIN if after.collectives < before.collectives else 1
+        if after.time <= before.time * slack:
+            return True, times
+        return False, "cost: " + times
+
+    def best(self, options: Sequence, *, trades_bytes: bool = False):
+        """Among alternative rewrites of one run (each with a ``cost``), the one to make:
+        the fastest, or one with fewer collectives that is ``profitable`` against it;
+        never fed more bytes than the option with the most collectives (the run as it
+        is) unless ``trades_bytes``. Fewest collectives first, then time."""
+        kept = max(options, key=lambda o: o.cost.collectives)
+        legal = [o for o in options if trades_bytes or o.cost.nbytes <= kept.cost.nbytes] or [kept]
+        fastest = min(legal, key=lambda o: (o.cost.time, o.cost.collectives))
+        bar = Cost(fastest.cost.time, fastest.cost.collectives, kept.cost.nbytes)
+        ok = [o for o in legal if o is fastest or self.profitable(bar, o.cost, trades_bytes=trades_bytes)[0]]
+        return min(ok, key=lambda o: (o.cost.collectives, o.cost.time))
+
 
 @functools.cache
 def _itemsize(dtype: torch.dtype) -> int:
@@ -105,8 +182,6 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _fmt(group: MeshGroup) -> str:
-    from redist_opt.ir.layout import format_layout
-
     return format_layout(group.layout)
 
 

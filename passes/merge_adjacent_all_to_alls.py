@@ -25,8 +25,9 @@ Legality:
 4. uneven sizes are exact: ``i`` is padded to the largest nested piece and
    unpadded slot by slot, ``j`` and ``k`` are split into nested pieces
    (``pad_nested``) and narrowed to the rank's own sizes;
-5. the merged all_to_all is fed no more bytes than the two it replaces, and the
-   cost model finds it no slower (``prefer="consistency"``: always).
+5. the profitability rule (``PassContext.profitable``) says the merged
+   all_to_all pays against the two it replaces: never more bytes fed, and no
+   slower (within its margin; ``prefer="consistency"``: always).
 
 Not done: all_to_alls that move the same tensor dim pair (DTensor's planner does
 not emit them adjacent; they would need a local chunk permutation), or whose
@@ -37,9 +38,7 @@ from __future__ import annotations
 
 import math
 
-from torch.fx.passes.infra.pass_base import PassResult
-
-from . import _merge
+from ._rewriter import StepRewriter
 from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
@@ -50,32 +49,22 @@ class MergeAdjacentAllToAlls(RedistPass):
     name = "merge-adjacent-all-to-alls"
 
     def call(self, graph_module):
-        regs = S.regions(graph_module)
-        if sum(r.step.kind == "all_to_all" for r in regs) < 2:
-            return PassResult(graph_module, False)
-        mesh = self.ctx.mesh
-        states = S.states_before(regs, self.ctx.src, mesh)
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, t = False, 0
-        while t < len(regs):
-            step = self._try(regs, states, t) if t + 1 < len(regs) else None
+        rw = StepRewriter(graph_module, self.ctx)
+        if sum(r.step.kind == "all_to_all" for r in rw.regions) < 2:
+            return rw.finish()
+
+        def match(t):
+            step = self._try(rw.regions, rw.states, t) if t + 1 < len(rw.regions) else None
             if step is None:
-                new_steps.append(regs[t].step)
-                provenance.append(regs[t].inherited)
-                t += 1
-                continue
-            new_steps.append(step)
-            provenance.append(tuple(n for r in regs[t : t + 2] for n in r.origin))
-            changed = True
-            t += 2
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+                return 0
+            rw.emit([step], rw.regions[t : t + 2])
+            return 2
+
+        return rw.scan(match)
 
     def _try(self, regs, states, t) -> ir.StepInfo | None:
         first, second = regs[t].step, regs[t + 1].step
-        if first.kind != "all_to_all" or second.kind != "all_to_all" or first.also or second.also:
+        if first.kind != "all_to_all" or second.kind != "all_to_all" or first.variant or second.variant:
             return None
         ctx, mesh = self.ctx, self.ctx.mesh
         i, k, j = first.src.dim, first.dst.dim, second.dst.dim
@@ -98,7 +87,8 @@ class MergeAdjacentAllToAlls(RedistPass):
         if choice is None:
             self.note(False, label, why)
             return None
-        step = ir.StepInfo(second.index, dims, first.src, second.dst, (), also=((db, first.dst),))
+        parts = ((second.dst.dim, da), (first.dst.dim, db))
+        step = ir.StepInfo(second.index, dims, first.src, second.dst, (), variant="split_all_to_all", parts=parts)
         step = S.with_state_logical_shape(step, states[t], ctx.shape, mesh)
         shape = list(regs[t].nodes[0].args[0].meta["shape"])
         counts = tuple(mesh.sizes[d] for d in real)
@@ -106,8 +96,10 @@ class MergeAdjacentAllToAlls(RedistPass):
         for dim, ds in ((j, da), (k, db)):
             c = tuple(mesh.sizes[d] for d in ds if mesh.sizes[d] > 1)
             shape[dim] = sym.nested_max_chunk(step.logical_shape[dim], c) * math.prod(c)
-        merged_bytes = ctx.bytes_of(shape)
-        if not _merge.accept_one(self, label, regs[t : t + 2], choice, "all_to_all", merged_bytes):
+        merged = ctx.new_cost("all_to_all", choice, ctx.bytes_of(shape))
+        ok, reason = ctx.profitable(ctx.cost_of(regs[t : t + 2]), merged, what="one all_to_all")
+        if not ok:
+            self.note(False, label, reason)
             return None
         self.note(True, f"{label} -> {S.step_label(step, mesh)}", why)
         return step

@@ -21,7 +21,12 @@ Legality:
    2.13's merge narrows only the tail, which returns padding in place of data
    when a middle piece is short: the (5,3) case of pytorch PR 194457.)
 
-Only contiguous sub-runs merge; the cheapest split under the cost model wins.
+Only contiguous sub-runs merge; among the splits whose blocks have groups,
+``PassContext.best`` picks by the profitability rule (``_merge.choose``).
+
+Not done: gathers of one tensor dim that are not adjacent (reorder-collectives
+makes them so where they commute); gathers of different tensor dims
+(merge-gathers-across-dims).
 """
 
 from __future__ import annotations

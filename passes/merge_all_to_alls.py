@@ -35,10 +35,9 @@ Legality:
 4. uneven sizes are exact: ``i`` is padded to the largest nested piece and
    unpadded slot by slot, ``j`` is split into nested pieces (``pad_nested``) and
    narrowed to the rank's own size;
-5. the merged all_to_all is fed no more bytes than the collectives it replaces.
-
-The merge is made when the cost model says one all_to_all is cheaper than the
-all_gathers plus all_to_all it replaces (``prefer="consistency"``: always).
+5. the profitability rule (``PassContext.profitable``) says one all_to_all pays
+   against the all_gathers plus all_to_all it replaces: never more bytes fed,
+   and no slower (within its margin; ``prefer="consistency"``: always).
 
 Not done here: two adjacent all_to_alls (merge-adjacent-all-to-alls merges
 those that cat one tensor dim and split two others, the pairs DTensor emits;
@@ -50,11 +49,9 @@ from __future__ import annotations
 
 import math
 
-
 from torch.distributed.tensor.placement_types import Shard
-from torch.fx.passes.infra.pass_base import PassResult
 
-from . import _merge
+from ._rewriter import StepRewriter
 from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
@@ -65,60 +62,42 @@ class MergeAllToAlls(RedistPass):
     name = "merge-all-to-alls"
 
     def call(self, graph_module):
-        regs = S.regions(graph_module)
-        if not any(r.step.kind == "all_to_all" for r in regs):
-            return PassResult(graph_module, False)
-        mesh = self.ctx.mesh
-        states = S.states_before(regs, self.ctx.src, mesh)
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, t = False, 0
-        while t < len(regs):
-            made = self._try(regs, states, t, new_steps) if regs[t].step.kind == "all_to_all" else None
-            if made is None:
-                new_steps.append(regs[t].step)
-                provenance.append(regs[t].inherited)
-                t += 1
-                continue
-            step, k, m = made
-            del new_steps[len(new_steps) - k :], provenance[len(provenance) - k :]
-            new_steps.append(step)
-            provenance.append(tuple(n for r in regs[t - k : t + 1 + m] for n in r.origin))
-            changed = True
-            t += 1 + m
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+        rw = StepRewriter(graph_module, self.ctx)
+        if not any(r.step.kind == "all_to_all" for r in rw.regions):
+            return rw.finish()
+        return rw.scan(lambda t: self._try(rw, t) if rw.regions[t].step.kind == "all_to_all" else 0)
 
-    def _try(self, regs, states, t, emitted) -> tuple[ir.StepInfo, int, int] | None:
-        """(merged step, gathers before, chunks after) for the all_to_all at ``t``."""
+    def _try(self, rw: StepRewriter, t: int) -> int:
+        """Merge the all_to_all at ``t`` with gathers kept just before it and chunks after
+        it; how many regions from ``t`` on it consumed (0: none merged)."""
+        regs = rw.regions
         a2a = regs[t].step
         src_dim, dst_dim = a2a.src.dim, a2a.dst.dim
         if src_dim == dst_dim:
-            return None
-        gathers: list[int] = []  # regions just before t, unchanged by this pass
-        g = t - 1
+            return 0
+        gathers: list[int] = []  # regions just before t, kept as they were by this pass
+        tail = rw.kept_tail()
         while (
-            g >= 0
-            and regs[g].step.kind == "all_gather"
-            and regs[g].step.src.dim == src_dim
-            and len(emitted) >= t - g
-            and emitted[g - t] is regs[g].step
+            len(gathers) < len(tail)
+            and tail[-1 - len(gathers)] is regs[t - 1 - len(gathers)]
+            and regs[t - 1 - len(gathers)].step.kind == "all_gather"
+            and regs[t - 1 - len(gathers)].step.src.dim == src_dim
         ):
-            gathers.insert(0, g)
-            g -= 1
+            gathers.insert(0, t - 1 - len(gathers))
         chunks: list[int] = []
         c = t + 1
         while c < len(regs) and regs[c].step.kind == "chunk" and regs[c].step.dst.dim == dst_dim:
             chunks.append(c)
             c += 1
         if not gathers or not chunks:
-            return None
+            return 0
         for k in range(len(gathers), 0, -1):
-            made = self._try_k(regs, states, t, gathers[-k:], chunks)
+            made = self._try_k(regs, rw.states, t, gathers[-k:], chunks)
             if made is not None:
-                return made[0], k, made[1]
-        return None
+                step, m = made
+                rw.emit([step], [regs[x] for x in range(t, t + 1 + m)], replace=k)
+                return 1 + m
+        return 0
 
     def _try_k(self, regs, states, t, used, chunks) -> tuple[ir.StepInfo, int] | None:
         """The merged step for gathers ``used`` and the chunks it absorbs, and how many."""
@@ -155,8 +134,10 @@ class MergeAllToAlls(RedistPass):
         merged_shape = list(regs[used[0]].nodes[0].args[0].meta["shape"])
         merged_shape[src_dim] = sym.nested_max_chunk(step.logical_shape[src_dim], counts)
         merged_shape[dst_dim] = sym.nested_max_chunk(step.logical_shape[dst_dim], counts) * math.prod(counts)
-        merged_bytes = ctx.bytes_of(merged_shape)
-        if not _merge.accept_one(self, label, [regs[x] for x in [*used, t]], choice, "all_to_all", merged_bytes):
+        merged = ctx.new_cost("all_to_all", choice, ctx.bytes_of(merged_shape))
+        ok, reason = ctx.profitable(ctx.cost_of([regs[x] for x in [*used, t]]), merged, what="one all_to_all")
+        if not ok:
+            self.note(False, label, reason)
             return None
         self.note(True, f"{label} -> {S.step_label(step, mesh)}", why)
         return step, m

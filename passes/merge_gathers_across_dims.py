@@ -41,9 +41,9 @@ Legality:
    and each piece is narrowed to the size DTensor defines for it. Data is only
    moved, never combined, so the result is bitwise DTensor's.
 
-The merge is made where the cost model says one all_gather is cheaper than the
-ones it replaces (``_merge.choose``: cheapest contiguous split, never more bytes
-in than separately). Under a ring model (gloo) one gather over p ranks has p-1
+The merge is made where the profitability rule (``PassContext.profitable``, via
+``_merge.choose`` over the contiguous splits) says one all_gather pays against the
+ones it replaces (never more bytes in than separately). Under a ring model (gloo) one gather over p ranks has p-1
 latency steps against (a-1)+(b-1) separately, so it rarely pays there; under the
 tree/launch-bound default profile it does.
 
@@ -53,113 +53,30 @@ pure reshape/permute (the even case also goes through narrow + cat).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-
 from torch.distributed.tensor.placement_types import Replicate, Shard
-from torch.fx.passes.infra.pass_base import PassResult
 
 from . import _merge
-from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir import symbolic as sym
 
 
-@dataclasses.dataclass(frozen=True)
-class GatherBlocksStep(ir.StepInfo):
-    """One all_gather that unshards several tensor dims: ``parts`` lists, per tensor
-    dim, the mesh dims (outermost first) it is gathered over. ``mesh_dims`` is the
-    group's dim order; ``logical_shape`` the sizes after the step."""
-
-    parts: tuple = ()
-
-    @functools.cached_property
-    def tensor_dims(self) -> frozenset[int]:
-        return frozenset(t for t, _ in self.parts)
-
-    def lower(self, b: ir.GraphBuilder, mesh) -> None:
-        group_dims = tuple(d for d in self.mesh_dims if mesh.sizes[d] > 1)
-        # The gathered slots come in the communicator's rank order (ascending global
-        # rank), which need not be the order of the layout that names the group.
-        slot_dims = mesh.rank_order(group_dims)
-        assert slot_dims is not None and set(slot_dims) == set(group_dims), group_dims
-        counts = tuple(mesh.sizes[d] for d in slot_dims)
-        blocks, lengths = [], []
-        for t, dims in sorted(self.parts):
-            real = tuple(d for d in dims if mesh.sizes[d] > 1)
-            if not real:
-                continue
-            length = self.logical_shape[t]
-            pieces = tuple(mesh.sizes[d] for d in real)
-            if not sym.is_divisible(length, math.prod(pieces), mesh.sizes):
-                b.emit("pad_to", t, sym.nested_max_chunk(length, pieces))
-            blocks.append((t, tuple(slot_dims.index(d) for d in real)))
-            lengths.append(length)
-        gather_dim = blocks[0][0]
-        b.emit("all_gather", mesh.group(group_dims), gather_dim)
-        b.emit("unpack_blocks", gather_dim, counts, tuple(blocks), *lengths)
-
-
 def _parts(step: ir.StepInfo) -> tuple:
-    return getattr(step, "parts", None) or ((step.src.dim, tuple(step.mesh_dims)),)
+    """((tensor dim, mesh dims outermost first), ...) the step gathers."""
+    return step.parts if step.variant == "gather_blocks" else ((step.src.dim, tuple(step.mesh_dims)),)
 
 
-class MergeGathersAcrossDims(RedistPass):
+class MergeGathersAcrossDims(_merge.MergeRunPass):
     name = "merge-gathers-across-dims"
+    kind = "all_gather"
+    any_order = True
 
-    def call(self, graph_module):
-        regs = S.regions(graph_module)
-        found = self._runs(regs)
-        if not found:
-            return PassResult(graph_module, False)
-        mesh = self.ctx.mesh
-        states = S.states_before(regs, self.ctx.src, mesh)
-
-        def rewrite(start, end):
-            run = regs[start:end]
-            labels = " + ".join(S.step_label(r.step, mesh) for r in run)
-            bad = self._misordered(run, states[start])
-            if bad is not None:
-                self.note(False, labels, bad)
-                return None
-            best, tried = _merge.choose(
-                self,
-                self._partitions(run),
-                lambda members: tuple(sorted(d for m in members for d in run[m].step.mesh_dims)),
-                lambda members: self._block_bytes(run, members, states[start]),
-                "all_gather",
-                True,
-            )
-            if all(len(b.members) == 1 for b in best):
-                whole = tried.get(tuple(range(len(run))))
-                why = "separate collectives are cheaper under the cost model"
-                if whole is not None and whole.choice is None:
-                    why = whole.why
-                self.note(False, labels, why)
-                return None
-            blocks = []
-            for b in sorted(best, key=lambda b: b.members):
-                members = [run[m] for m in b.members]
-                if len(members) == 1:
-                    blocks.append(members[0])
-                    continue
-                step = self._merged(members, b.dims, states[start + b.members[0]])
-                self.note(
-                    True,
-                    " + ".join(S.step_label(m.step, mesh) for m in members) + f" -> {S.step_label(step, mesh)}",
-                    b.why + "; blocks reassembled locally (unpack_blocks)",
-                )
-                blocks.append(([step], members))
-            return blocks
-
-        return _merge.rewrite_runs(graph_module, mesh, regs, found, rewrite)
+    def made_reason(self, block):
+        return block.why + "; blocks reassembled locally (unpack_blocks)"
 
     # -- legality ---------------------------------------------------------------------
 
-    @staticmethod
-    def _runs(regs):
+    def find_runs(self, regs):
         """Maximal runs of adjacent all_gathers over disjoint mesh dims touching >= 2 tensor dims."""
         out, i = [], 0
         while i < len(regs):
@@ -195,6 +112,9 @@ class MergeGathersAcrossDims(RedistPass):
                 out[t] = tuple(dims) + out.get(t, ())
         return out
 
+    def refuse(self, run, state):
+        return self._misordered(run, state)
+
     def _misordered(self, run, state) -> str | None:
         """Condition 2 for the whole run (then it holds for every contiguous block)."""
         mesh = self.ctx.mesh
@@ -205,7 +125,7 @@ class MergeGathersAcrossDims(RedistPass):
                 return f"tensor dim {t} is not sharded by {tuple(real)} innermost (shard order {tuple(order)})"
         return None
 
-    def _partitions(self, run):
+    def partitions(self, run):
         """Contiguous splits whose merged blocks gather >= 2 tensor dims over mesh dims
         whose ranks a communicator lists in an order of whole dims (``rank_order``)."""
         mesh = self.ctx.mesh
@@ -222,14 +142,17 @@ class MergeGathersAcrossDims(RedistPass):
 
     # -- the merged step ----------------------------------------------------------------
 
+    def block_dims(self, run, members):
+        return tuple(sorted(d for m in members for d in run[m].step.mesh_dims))
+
     def _logical(self, members, state) -> tuple:
         dims = [d for m in members for d in m.step.mesh_dims]
         return state.logical_shape(self.ctx.shape, self.ctx.mesh, dims)
 
-    def _block_bytes(self, run, members, run_state) -> int:
+    def block_bytes(self, run, members, state) -> int:
         if len(members) == 1:
-            return self.ctx.bytes_of(run[members[0]].collective.args[0].meta["shape"])
-        state = run_state.copy()
+            return super().block_bytes(run, members, state)
+        state = state.copy()
         for r in run[: members[0]]:
             state.apply(r.step, self.ctx.mesh)
         regs = [run[m] for m in members]
@@ -240,13 +163,15 @@ class MergeGathersAcrossDims(RedistPass):
             shape[t] = sym.nested_max_chunk(logical[t], counts)
         return self.ctx.bytes_of(shape)
 
-    def _merged(self, members, group_dims, state) -> GatherBlocksStep:
-        parts = tuple(sorted(self._dims_by_tensor_dim(members).items()))
-        return GatherBlocksStep(
-            members[0].step.index,
-            tuple(group_dims),
+    def merged(self, run, members, dims, state) -> ir.StepInfo:
+        regs = [run[m] for m in members]
+        parts = tuple(sorted(self._dims_by_tensor_dim(regs).items()))
+        return ir.StepInfo(
+            regs[0].step.index,
+            tuple(dims),
             Shard(parts[0][0]),
             Replicate(),
-            self._logical(members, state),
+            self._logical(regs, state),
+            variant="gather_blocks",
             parts=parts,
         )

@@ -21,8 +21,9 @@ Legality:
    narrows its result to the size DTensor defines for it. torch 2.13 refuses
    this merge for uneven shapes.
 
-Only contiguous sub-runs merge (the nesting order is fixed); the cheapest
-split under the cost model wins.
+Only contiguous sub-runs merge (the nesting order is fixed); among the splits
+whose blocks have groups, ``PassContext.best`` picks by the profitability rule
+(``_merge.choose``).
 
 Not done: permuting chunks locally to use a group whose rank order differs
 from the shard order.
@@ -40,9 +41,9 @@ class MergeReduceScatters(_merge.MergeRunPass):
     name = "merge-reduce-scatters"
     kind = "reduce_scatter"
 
-    def block_bytes(self, run, members):
+    def block_bytes(self, run, members, state):
         if len(members) == 1:
-            return super().block_bytes(run, members)
+            return super().block_bytes(run, members, state)
         # The merged scatter's input: every nested piece padded to the largest.
         shape = list(run[members[0]].nodes[0].args[0].meta["shape"])
         dim = run[members[0]].step.dst.dim

@@ -30,8 +30,9 @@ Legality:
 
 Not all-or-nothing: a run over {a,b,c} with only a+b available becomes
 AR(a+b) + AR(c). Among all set partitions of the run whose blocks have groups,
-the cheapest under the cost model wins (ring all_reduces can be *slower* merged
-at small sizes); ``prefer="consistency"`` takes the fewest collectives instead,
+``PassContext.best`` picks by the profitability rule: the fastest, or fewer
+collectives within its margin (ring all_reduces can be *slower* merged at small
+sizes); ``prefer="consistency"`` takes the fewest collectives instead,
 so replicas come from one reduction and are bitwise equal.
 
 Not done: mixing non-linear reduce ops (DTensor refuses max/min/product mixed
@@ -48,8 +49,8 @@ class MergeReductions(_merge.MergeRunPass):
     kind = "all_reduce"
     any_order = True
 
-    def partitions(self, n: int):
-        return _merge.set_partitions(range(n))
+    def partitions(self, run):
+        return _merge.set_partitions(range(len(run)))
 
     def block_dims(self, run, members):
         return tuple(sorted(d for m in members for d in run[m].step.mesh_dims))

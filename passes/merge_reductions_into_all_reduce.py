@@ -29,8 +29,9 @@ Legality:
 4. the local chunks reproduce DTensor's sizes exactly, uneven and zero-size
    included: ``select_chunk`` is ``torch.chunk`` with trailing empty chunks, per
    mesh dim in the reduce_scatter's shard order (outermost first);
-5. the cost model in use says the one all_reduce (plus the amortized creation
-   of its group) takes less time than the collectives it replaces.
+5. the profitability rule (``PassContext.profitable``, a byte-trading rewrite:
+   no ``prefer="consistency"`` waiver) says the one all_reduce (plus the
+   amortized creation of its group) pays against the collectives it replaces.
 
 This trades bytes for launches: where it is chosen, the optimized plan may move
 more bytes than torch's, but never takes more modelled time (under the model in
@@ -38,18 +39,18 @@ use) and never issues more collectives. Summation order changes (results equal
 torch's within rounding for sum/avg; exactly for max/min), as for
 merge-reductions.
 
-Among the contiguous splits of a run into blocks the cheapest wins; ties keep
-the run as it is. Not done: blocks without a reduce_scatter; all_gathers after
+Among the contiguous splits of a run into blocks, ``PassContext.best`` picks
+(``_merge.choose``). Not done: blocks without a reduce_scatter; all_gathers after
 the reduction (an all_reduce + all_gather would need a broadcast-shaped model).
 """
 
 from __future__ import annotations
 
 from torch.distributed.tensor.placement_types import Partial, Replicate
-from torch.fx.passes.infra.pass_base import PassResult
 
 from . import _merge
-from .context import RedistPass
+from ._rewriter import StepRewriter
+from .context import GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 
@@ -61,38 +62,35 @@ class MergeReductionsIntoAllReduce(RedistPass):
     may_add_bytes = True
 
     def call(self, graph_module):
-        regs = S.regions(graph_module)
-        found = self._runs(regs, self.ctx.dtype)
+        rw = StepRewriter(graph_module, self.ctx)
+        found = dict(self._runs(rw.regions, self.ctx.dtype))
         if not found:
-            return PassResult(graph_module, False)
+            return rw.finish()
+        return rw.scan(lambda i: self._rewrite(rw, i, found[i]) if i in found else 0)
+
+    def _rewrite(self, rw: StepRewriter, start: int, end: int) -> int:
         mesh = self.ctx.mesh
-
-        def rewrite(start, end):
-            run = regs[start:end]
-            best, why_not = self._choose(run)
-            labels = " + ".join(S.step_label(r.step, mesh) for r in run)
-            if best is None:
-                self.note(False, f"{labels} as one all_reduce", why_not)
-                return None
-            blocks = []
-            for members, choice, fat, separate in best:
-                regions = [run[m] for m in members]
-                if choice is None:
-                    blocks.extend(regions)
-                    continue
-                new = self._rewritten(regions, choice.group.dims)
-                self.note(
-                    True,
-                    " + ".join(S.step_label(r.step, mesh) for r in regions)
-                    + " -> "
-                    + ", ".join(S.step_label(s, mesh) for s in new),
-                    f"one all_reduce {fat * 1e6:.1f}us vs {separate * 1e6:.1f}us under the "
-                    f"{self.ctx.cost.name} cost model (more bytes, fewer launches); {choice.how} group",
-                )
-                blocks.append((new, regions))
-            return blocks
-
-        return _merge.rewrite_runs(graph_module, mesh, regs, found, rewrite)
+        run = rw.regions[start:end]
+        best, why_not = self._choose(run)
+        labels = " + ".join(S.step_label(r.step, mesh) for r in run)
+        if best is None:
+            self.note(False, f"{labels} as one all_reduce", why_not)
+            return 0
+        for b in sorted(best, key=lambda b: b.members):
+            regions = [run[m] for m in b.members]
+            if len(regions) == 1:
+                rw.keep(regions[0])
+                continue
+            new = self._rewritten(regions, b.choice.group.dims)
+            self.note(
+                True,
+                " + ".join(S.step_label(r.step, mesh) for r in regions)
+                + " -> "
+                + ", ".join(S.step_label(s, mesh) for s in new),
+                f"{b.why} (more bytes, fewer launches); {b.choice.how} group",
+            )
+            rw.emit(new, regions)
+        return end - start
 
     # -- legality (conditions 1 and 2) ----------------------------------------------------
 
@@ -130,52 +128,38 @@ class MergeReductionsIntoAllReduce(RedistPass):
 
     # -- choice by cost (conditions 3 and 5) --------------------------------------------
 
-    def _time(self, region) -> float:
-        node = region.collective
-        nbytes = self.ctx.bytes_of(node.args[0].meta["shape"])
-        return self.ctx.cost.collective_time(ir.ir_name(node), node.args[1], nbytes, self.ctx.mesh)
+    def _block(self, run, members) -> _merge.Block:
+        """One all_reduce for ``members`` (choice None: it cannot be formed), or the
+        region itself, as it is, for a single member."""
+        ctx = self.ctx
+        regions = [run[m] for m in members]
+        separate = ctx.cost_of(regions)
+        if len(members) == 1:
+            kept = GroupChoice(regions[0].collective.args[1], "existing")
+            return _merge.Block(members, regions[0].step.mesh_dims, kept, "as it is", separate)
+        dims = tuple(sorted(d for r in regions for d in r.step.mesh_dims))
+        if not any(r.step.kind == "reduce_scatter" for r in regions):
+            return _merge.Block(members, dims, None, "no block with a reduce_scatter", separate)
+        choice, why = ctx.choose_group(dims, any_order=True)
+        if choice is None:
+            return _merge.Block(members, dims, None, why, separate)
+        fat = ctx.new_cost("all_reduce", choice, ctx.bytes_of(regions[0].nodes[0].args[0].meta["shape"]))
+        ok, why = ctx.profitable(separate, fat, what="one all_reduce", trades_bytes=True)
+        if not ok:  # condition 5, per block
+            return _merge.Block(members, dims, None, why, separate)
+        return _merge.Block(members, choice.group.dims, choice, why, fat)
 
     def _choose(self, run):
-        """The cheapest contiguous split; None (and why) when keeping the run is cheapest."""
-        ctx = self.ctx
-        separate = [self._time(r) for r in run]
-        blocks: dict[tuple[int, ...], tuple] = {}
-        why_not = ""
-
-        def block(members):
-            nonlocal why_not
-            if members not in blocks:
-                regions = [run[m] for m in members]
-                sep = sum(separate[m] for m in members)
-                if len(members) == 1 or not any(r.step.kind == "reduce_scatter" for r in regions):
-                    blocks[members] = (members, None, sep, sep)
-                else:
-                    dims = tuple(sorted(d for r in regions for d in r.step.mesh_dims))
-                    choice, why = ctx.choose_group(dims, any_order=True)
-                    if choice is None:
-                        why_not = why_not or why
-                        blocks[members] = (members, None, sep, sep)
-                    else:
-                        nbytes = ctx.bytes_of(regions[0].nodes[0].args[0].meta["shape"])
-                        fat = ctx.collective_time("all_reduce", choice, nbytes)
-                        blocks[members] = (members, choice, fat, sep) if fat < sep else (members, None, sep, sep)
-                        if fat >= sep:
-                            why_not = why_not or (
-                                f"cost: one all_reduce {fat * 1e6:.1f}us vs {sep * 1e6:.1f}us under the "
-                                f"{ctx.cost.name} cost model"
-                            )
-            return blocks[members]
-
-        options = []
-        for part in _merge.contiguous_partitions(len(run)):
-            bs = [block(tuple(m)) for m in part]
-            total = sum(b[2] if b[1] is not None else b[3] for b in bs)
-            collectives = sum(1 if b[1] is not None else len(b[0]) for b in bs)
-            options.append((total, collectives, bs))
-        best = min(options, key=lambda o: (o[0], o[1]))
-        if all(b[1] is None for b in best[2]):
-            return None, why_not or "no block with a reduce_scatter"
-        return best[2], ""
+        """The blocks ``_merge.choose`` picks; None (and why) when that keeps the run as it is."""
+        best, tried = _merge.choose(
+            self,
+            _merge.contiguous_partitions(len(run)),
+            lambda members: self._block(run, members),
+            trades_bytes=True,
+        )
+        if all(len(b.members) == 1 for b in best):
+            return None, tried[tuple(range(len(run)))].why
+        return best, ""
 
     # -- the rewrite (condition 4) ----------------------------------------------------------
 

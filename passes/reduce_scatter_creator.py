@@ -33,11 +33,12 @@ Legality:
    ``..., H, G`` and one reduce_scatter over the group H+G in that (shard)
    order, with nested padding, gives every rank its piece; that group must be
    available under the groups policy;
-3. never more bytes: a reduce_scatter of an uneven dim is fed the padded
-   tensor, which can be larger than the all_reduce's input (3 rows over 2 ranks
-   feed 4). The rewrite is made only when the collectives it creates are fed no
-   more bytes than the ones they replace, and the cost model finds them no
-   slower (``prefer="consistency"`` waives the time test).
+3. the profitability rule (``PassContext.profitable``) says the new collective
+   pays against the ones it replaces: never more bytes (a reduce_scatter of an
+   uneven dim is fed the padded tensor, which can be larger than the
+   all_reduce's input: 3 rows over 2 ranks feed 4), and no slower (the folded
+   form, one collective fewer, within the margin; ``prefer="consistency"``
+   waives the time test).
 
 Not done: an all_reduce and a chunk that are not adjacent (reorder-collectives
 moves commuting steps; its scoring runs this pass); chunks over a subset of the
@@ -48,8 +49,7 @@ from __future__ import annotations
 
 import math
 
-from torch.fx.passes.infra.pass_base import PassResult
-
+from ._rewriter import StepRewriter
 from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
@@ -60,36 +60,23 @@ class ReduceScatterCreator(RedistPass):
     name = "reduce-scatter-creator"
 
     def call(self, graph_module):
-        regs = S.regions(graph_module)
-        kinds = [r.step.kind for r in regs]
+        rw = StepRewriter(graph_module, self.ctx)
+        kinds = [r.step.kind for r in rw.regions]
         if "all_reduce" not in kinds or "chunk" not in kinds:
-            return PassResult(graph_module, False)
-        mesh = self.ctx.mesh
-        states = S.states_before(regs, self.ctx.src, mesh)
-        new_steps: list[ir.StepInfo] = []
-        provenance: list[tuple[str, ...]] = []
-        changed, i = False, 0
-        while i < len(regs):
-            made = self._try(regs, states, i, new_steps) if i + 1 < len(regs) else None
-            if made is None:
-                new_steps.append(regs[i].step)
-                provenance.append(regs[i].inherited)
-                i += 1
-                continue
-            step, folded = made
-            origin = tuple(n for r in regs[i : i + 2] for n in r.origin)
-            if folded:  # replaces the reduce_scatter just emitted
-                new_steps.pop()
-                origin = tuple(dict.fromkeys(provenance.pop() + regs[i - 1].origin + origin))
-            new_steps.append(step)
-            provenance.append(origin)
-            changed = True
-            i += 2
-        if not changed:
-            return PassResult(graph_module, False)
-        return PassResult(S.relower(graph_module, mesh, new_steps, provenance), True)
+            return rw.finish()
 
-    def _try(self, regs, states, i, emitted) -> tuple[ir.StepInfo, bool] | None:
+        def match(i):
+            made = self._try(rw, i) if i + 1 < len(rw.regions) else None
+            if made is None:
+                return 0
+            step, folded = made  # folded: replaces the reduce_scatter kept just before
+            rw.emit([step], rw.regions[i : i + 2], replace=1 if folded else 0)
+            return 2
+
+        return rw.scan(match)
+
+    def _try(self, rw: StepRewriter, i: int) -> tuple[ir.StepInfo, bool] | None:
+        regs = rw.regions
         ar, chunk = regs[i].step, regs[i + 1].step
         if ar.kind != "all_reduce" or chunk.kind != "chunk":
             return None
@@ -101,13 +88,11 @@ class ReduceScatterCreator(RedistPass):
         j = chunk.dst.dim
         rs = ir.StepInfo(ar.index, ar.mesh_dims, ar.src, chunk.dst, ar.logical_shape, ar.avg_scale)
         in_shape = regs[i].collective.args[0].meta["shape"]
-        ar_bytes = ctx.bytes_of(in_shape)
-        ar_choice = ctx.choose_group(ar.mesh_dims, any_order=True)[0]
-        ar_time = ctx.collective_time("all_reduce", ar_choice, ar_bytes)
-        # Folded into the reduce_scatter of the same tensor dim right before it.
-        prev = regs[i - 1] if i > 0 and emitted and emitted[-1] is regs[i - 1].step else None
+        # Folded into the reduce_scatter of the same tensor dim kept right before it.
+        tail = rw.kept_tail()
+        prev = regs[i - 1] if tail and i > 0 and tail[-1] is regs[i - 1] else None
         if prev is not None and S.merge_key(prev.step, ctx.dtype) == S.merge_key(rs, ctx.dtype):
-            folded = self._fold(prev, rs, states[i - 1], ar_bytes, ar_time, label)
+            folded = self._fold(prev, regs[i], rs, rw.states[i - 1], label)
             if folded is not None:
                 return folded, True
         choice, why = ctx.choose_group(rs.mesh_dims)
@@ -115,18 +100,15 @@ class ReduceScatterCreator(RedistPass):
             self.note(False, label, why)
             return None
         counts = tuple(mesh.sizes[d] for d in rs.mesh_dims)
-        rs_bytes = ctx.bytes_of(_padded(in_shape, j, counts))
-        rs_time = ctx.collective_time("reduce_scatter", choice, rs_bytes)
-        if rs_bytes > ar_bytes:
-            self.note(False, label, f"padding: a reduce_scatter is fed {rs_bytes} B vs {ar_bytes} B")
-            return None
-        if rs_time > ar_time and ctx.prefer != "consistency":
-            self.note(False, label, f"cost: reduce_scatter {rs_time * 1e6:.1f}us vs {ar_time * 1e6:.1f}us")
+        new = ctx.new_cost("reduce_scatter", choice, ctx.bytes_of(_padded(in_shape, j, counts)))
+        ok, reason = ctx.profitable(ctx.cost_of([regs[i]]), new, what="a reduce_scatter")
+        if not ok:
+            self.note(False, label, reason)
             return None
         self.note(True, f"{label} -> {S.step_label(rs, mesh)}", "the chunk keeps the rank's reduce_scatter piece")
         return rs, False
 
-    def _fold(self, prev, rs, state, ar_bytes, ar_time, label) -> ir.StepInfo | None:
+    def _fold(self, prev, ar, rs, state, label) -> ir.StepInfo | None:
         ctx, mesh = self.ctx, self.ctx.mesh
         j = rs.dst.dim
         dims = tuple(prev.step.mesh_dims) + tuple(rs.mesh_dims)
@@ -137,19 +119,12 @@ class ReduceScatterCreator(RedistPass):
             return None
         step = S.merged_step([prev.step, rs], dims, prev.step.index, mesh.sizes)
         step = S.with_state_logical_shape(step, state, ctx.shape, mesh)
-        prev_bytes = ctx.bytes_of(prev.collective.args[0].meta["shape"])
-        prev_choice = ctx.choose_group(prev.step.mesh_dims)[0]
-        separate = ctx.collective_time("reduce_scatter", prev_choice, prev_bytes) + ar_time
         counts = tuple(mesh.sizes[d] for d in dims)
         merged_bytes = ctx.bytes_of(_padded(prev.nodes[0].args[0].meta["shape"], j, counts))
-        merged_time = ctx.collective_time("reduce_scatter", choice, merged_bytes)
-        if merged_bytes > prev_bytes + ar_bytes:
-            self.note(False, what + " as one reduce_scatter",
-                      f"padding: {merged_bytes} B vs {prev_bytes + ar_bytes} B")
-            return None
-        if merged_time > separate and ctx.prefer != "consistency":
-            self.note(False, what + " as one reduce_scatter",
-                      f"cost: {merged_time * 1e6:.1f}us vs {separate * 1e6:.1f}us")
+        merged = ctx.new_cost("reduce_scatter", choice, merged_bytes)
+        ok, reason = ctx.profitable(ctx.cost_of([prev, ar]), merged, what="one reduce_scatter")
+        if not ok:
+            self.note(False, what + " as one reduce_scatter", reason)
             return None
         self.note(True, f"{what} -> {S.step_label(step, mesh)}", why)
         return step

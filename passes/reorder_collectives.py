@@ -23,7 +23,9 @@ Candidate orders are topological orders of the "must stay before" DAG
 then reduce_scatters, all_reduces, all_to_alls, all_gathers: data shrinks
 before it moves and grows only at the end) and the same keyed by merge group
 first (so steps that can merge are not separated by a local step). Each
-candidate, and the original order, is run through the merge passes; the one
+candidate, and the original order, is run through the other passes of the
+pipeline being run (``PassContext.pipeline``: the passes are given, never
+looked up; without them an order is scored by itself); the one
 with the least modelled time wins, among those that issue no more collectives
 and move no more bytes than the original order does after the merges that never
 add bytes (a candidate that a byte-trading pass such as
@@ -31,7 +33,9 @@ merge-reductions-into-all-reduce rewrote may move as many bytes as the original
 order after all passes). So a byte-trading rewrite of the original order cannot
 hide a faster order, and a reorder never adds collectives or bytes by itself.
 Ties keep the original order, so the result is deterministic and identical on
-every rank.
+every rank. (Every merge inside a score was decided by the profitability rule,
+``PassContext.profitable``; a reorder changes no collective by itself, so it is
+taken only when its merges make it strictly faster.)
 
 Not done: reordering that changes floating-point summation order is accepted
 (results equal the reference up to rounding); no reordering across steps that
@@ -39,6 +43,8 @@ touch the same tensor dim (it would change the shard order).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import networkx as nx
 from torch.fx.passes.infra.pass_base import PassResult
@@ -131,20 +137,16 @@ class ReorderCollectives(RedistPass):
 
     def _score(self, graph_module, regs, order, *, byte_safe: bool = False) -> tuple[float, int, int, bool]:
         """(modelled time, collectives, bytes, bytes traded) of ``order`` after the other
-        passes of this pipeline.
+        passes of this pipeline (``PassContext.pipeline``, which run_pipeline sets).
 
         ``byte_safe``: run only the passes that never add bytes. The last item says
         whether a pass that may add bytes changed the plan.
         """
-        import dataclasses
-
-        from . import DEFAULT_PIPELINE
-
         gm = graph_module if order == list(range(len(regs))) else self._relower(graph_module, regs, order)
         traded = False
         if self._merges_possible:
             scratch = dataclasses.replace(self.ctx, notes=[])  # trial merges leave no notes
-            for cls in self.ctx.pipeline or DEFAULT_PIPELINE:
+            for cls in self.ctx.pipeline:
                 if cls is type(self) or (byte_safe and cls.may_add_bytes):
                     continue
                 result = cls(scratch)(gm)

@@ -1,99 +1,131 @@
-"""Runs the pass pipeline over a plan: PassManager, verifier after every pass, cache.
+"""Runs the pass pipeline over a plan: torch's PassManager, the verifier as its
+check, order constraints, and a cache.
 
-Results are cached by (plan key, groups policy, pass list), so the eager hot
-path pays one dictionary lookup per redistribute after the first.
+* The pass list is ``passes`` (default ``redist_opt.passes.DEFAULT_PIPELINE``).
+  Every pass gets one :class:`~redist_opt.passes.PassContext` whose ``pipeline``
+  is that list: reorder-collectives scores each candidate order by running the
+  passes of this list after itself (and no others).
+* ``PassManager.add_checks`` runs ``ir.verify`` on every graph a pass returns
+  (each graph once: an unmodified pass returns its input, already checked).
+* Where order matters, a ``this_before_that_pass_constraint`` says so; a pass
+  list that breaks one is refused.
+* ``on_change(pass_name, plan)`` (optional) sees the plan before the first pass
+  (``pass_name`` None) and after every pass that changed it: the debug layer's
+  per-pass dumps (``redist_opt.debug.dump.pass_dump_writer``) plug in here, so
+  this module never imports it.
+
+Results are cached by (plan key, groups policy, pass list, cost, prefer), so the
+eager hot path pays one dictionary lookup per redistribute after the first; a
+run with ``on_change`` is not cached (every run reports).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-from pathlib import Path
+from collections.abc import Callable
 
-from torch.fx.passes.infra.pass_manager import PassManager
+from torch.fx.passes.infra.pass_manager import PassManager, this_before_that_pass_constraint
 
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
-from redist_opt.debug.dump import dump_dir_from_env, plan_tag, write_pass_dump
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import Plan
+from redist_opt.passes import (
+    DEFAULT_PIPELINE,
+    MergeAllGathers,
+    MergeGathersAcrossDims,
+    MergeReduceScatters,
+    MergeReductions,
+    MergeReductionsIntoAllReduce,
+    PassContext,
+    ReduceScatterCreator,
+    ReorderCollectives,
+)
 
-__all__ = ["run_pipeline", "clear_cache"]
+__all__ = ["run_pipeline", "clear_cache", "ORDER"]
+
+OnChange = Callable[[str | None, Plan], None]
+
+# (this, that): when both run, this runs first.
+ORDER = [
+    # reorder-collectives makes like kinds adjacent, and scores orders by the passes after it
+    *((ReorderCollectives, cls) for cls in DEFAULT_PIPELINE if cls is not ReorderCollectives),
+    # the reduce_scatters reduce-scatter-creator makes can then merge
+    (ReduceScatterCreator, MergeReduceScatters),
+    # a run of all_reduces alone is merge-reductions' rewrite; one all_reduce for a run
+    # with a reduce_scatter comes after both reduction merges
+    (MergeReductions, MergeReductionsIntoAllReduce),
+    (MergeReduceScatters, MergeReductionsIntoAllReduce),
+    # gathers of one tensor dim are merge-all-gathers'; the rest merge across dims
+    (MergeAllGathers, MergeGathersAcrossDims),
+]
 
 
-def run_pipeline(p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", dump_dir=None) -> Plan:
+def run_pipeline(
+    p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", on_change: OnChange | None = None
+) -> Plan:
     groups_key = groups if isinstance(groups, str) else tuple(groups)
     pass_key = None if passes is None else tuple(passes)
     if cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
         cost, source = resolve_cost(p.mesh)
     else:
         source = "passed as cost="
-    if dump_dir is None:
-        dump_dir = dump_dir_from_env()
-    else:
-        dump_dir = Path(dump_dir)
-    if dump_dir is not None:  # dumping: run uncached, so every run writes its files
-        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, source, dump_dir)
+    if on_change is not None:  # reporting: run uncached, so every run reports
+        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, source, on_change)
     return _run_cached(p, groups_key, pass_key, cost, prefer, source)
 
 
 class _Tracked:
-    """Wraps a pass: records whether it changed the IR and verifies the IR if so."""
+    """Wraps a pass for the PassManager: records whether it changed the IR and reports it."""
 
-    def __init__(self, inner, changed: list, check, on_change=None) -> None:
-        self.inner, self.changed, self.check, self.on_change = inner, changed, check, on_change
+    def __init__(self, inner, changed: list, on_change=None) -> None:
+        self.inner, self.changed, self.on_change = inner, changed, on_change
         self.__name__ = inner.name
 
     def __call__(self, gm):
         result = self.inner(gm)
         if result.modified:
             self.changed.append(self.inner.name)
-            self.check(result.graph_module)
             if self.on_change is not None:
                 self.on_change(self.inner.name, result.graph_module)
         return result
 
 
-@functools.lru_cache(maxsize=4096)
-def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) -> Plan:
-    from redist_opt.passes import DEFAULT_PIPELINE, PassContext
+def _constraints(instances: list[_Tracked]) -> list:
+    by_class = {type(t.inner): t for t in instances}
+    return [
+        this_before_that_pass_constraint(by_class[this], by_class[that])
+        for this, that in ORDER
+        if this in by_class and that in by_class
+    ]
 
+
+@functools.lru_cache(maxsize=4096)
+def _run_cached(p: Plan, groups, passes, cost, prefer, source, on_change=None) -> Plan:
     pass_classes = DEFAULT_PIPELINE if passes is None else list(passes)
     if not pass_classes:
         return p
     ctx = PassContext(
-        mesh=p.mesh,
-        shape=p.shape,
-        src=p.src,
-        dtype=p.dtype,
-        groups=groups,
-        cost=cost,
-        prefer=prefer,
+        mesh=p.mesh, shape=p.shape, src=p.src, dtype=p.dtype, groups=groups, cost=cost, prefer=prefer,
         pipeline=tuple(pass_classes),
-    )
+    )  # fmt: skip
     profile = f"{cost.name} ({source})"
     changed: list[str] = []
-    expected = ir.local_shape(p.shape, p.dst, p.mesh.sizes)
 
-    def check(gm):
-        ir.verify(gm, p.mesh.sizes, expected)
+    def snapshot(gm) -> Plan:
+        return p.replace(graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile)
 
-    # The verifier runs after every pass that changed the IR (the input was
-    # verified when it was lowered).
-    on_change = None
-    if dump_dir is not None:
-        seq = itertools.count()
-        pipeline_name = f"default_{plan_tag(p)}"
+    report = None
+    if on_change is not None:
+        on_change(None, snapshot(p.graph))
 
-        def on_change(pass_name, gm):
-            snapshot = p.replace(
-                graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
-            )
-            write_pass_dump(dump_dir, next(seq), pipeline_name, pass_name, snapshot)
+        def report(pass_name, gm):
+            on_change(pass_name, snapshot(gm))
 
-        on_change(None, p.graph)  # NNNN.<pipeline>.before_pipeline
-    instances = [_Tracked(cls(ctx), changed, check, on_change) for cls in pass_classes]
-    manager = PassManager(passes=instances)
+    instances = [_Tracked(cls(ctx), changed, report) for cls in pass_classes]
+    manager = PassManager(passes=instances, constraints=_constraints(instances), run_checks_after_each_pass=True)
+    manager.validate_constraints()  # refuse a list that breaks ORDER; never re-sort it
+    manager.add_checks(_verifier(p))
     # Passes build new graphs (steps.relower) and never mutate their input.
     try:
         result = manager(p.graph)
@@ -102,9 +134,21 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, source, dump_dir=None) ->
         if isinstance(e.__cause__, RedistributeError):
             raise e.__cause__ from None
         raise
-    return p.replace(
-        graph=result.graph_module, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
-    )
+    return snapshot(result.graph_module)
+
+
+def _verifier(p: Plan):
+    """``ir.verify`` for the PassManager: each graph once (the input was verified when
+    it was lowered; an unmodified pass returns the graph it was given)."""
+    expected = ir.local_shape(p.shape, p.dst, p.mesh.sizes)
+    last = [p.graph]
+
+    def check(gm):
+        if gm is not last[0]:
+            ir.verify(gm, p.mesh.sizes, expected)
+            last[0] = gm
+
+    return check
 
 
 def clear_cache() -> None:

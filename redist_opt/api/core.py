@@ -31,6 +31,7 @@ from redist_opt.ir.plan import Plan, make_plan
 from redist_opt.ir import cost
 from redist_opt.ir import plan as plan_module
 from redist_opt import pipeline
+from redist_opt.debug import dump
 from redist_opt import ir
 from redist_opt.runtime.execute import GroupUnavailable, check_local_shape, execute
 
@@ -86,7 +87,8 @@ def optimize(
         raise RedistributeError(f"prefer={prefer!r}: expected 'time' or 'consistency'")
     if p.fallback:
         return p
-    return pipeline.run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer, dump_dir=dump_dir)
+    on_change = dump.pass_dump_writer(dump_dir, p)
+    return pipeline.run_pipeline(p, groups=groups, passes=passes, cost=cost, prefer=prefer, on_change=on_change)
 
 
 # id(mesh) -> (weakref to the mesh, stamp, spec). Keyed by identity, not by

@@ -83,6 +83,7 @@ consecutive ``.txt`` files to see what a pass did.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -562,6 +563,23 @@ def plan_tag(plan) -> str:
     dst = "-".join(pl(p) for p in plan.dst)
     shape = "x".join(map(str, plan.shape)) or "scalar"
     return _UNSAFE.sub("_", f"{mesh}_{src}_to_{dst}_{shape}_{_dtype_str(plan.dtype)}")
+
+
+def pass_dump_writer(dump_dir, plan):
+    """The ``on_change`` callback of ``pipeline.run_pipeline`` that dumps ``plan``'s run
+    into ``dump_dir`` (default ``$REDIST_OPT_DUMP_DIR``): ``NNNN.default_<plan_tag>.<stage>``
+    files before the pipeline and after every pass that changed the plan. None when
+    there is no directory."""
+    directory = dump_dir_from_env() if dump_dir is None else Path(dump_dir)
+    if directory is None:
+        return None
+    seq = itertools.count()
+    pipeline_name = f"default_{plan_tag(plan)}"
+
+    def on_change(pass_name, snapshot) -> None:
+        write_pass_dump(directory, next(seq), pipeline_name, pass_name, snapshot)
+
+    return on_change
 
 
 def write_pass_dump(directory, seq: int, pipeline: str, pass_name: str | None, plan) -> list[Path]:

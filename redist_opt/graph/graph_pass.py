@@ -51,7 +51,7 @@ from pathlib import Path
 import torch.fx as fx
 
 from redist_opt.ir.cost import CostModel, steps_and_bytes
-from redist_opt.debug.dump import dump_dir_from_env
+from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.graph.raise_chains import (
@@ -237,7 +237,7 @@ def _optimize_chain(graph, chain: Chain, groups, cost, prefer):
         naive = make_plan(spec, chain.src, chain.dst, chain.shape, chain.dtype)
         if naive.fallback:
             return result([], False, f"not planned: {naive.fallback_reason}"), None, ()
-        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer)
+        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer, on_change=pass_dump_writer(None, naive))
     except RedistributeError as e:
         return result([], False, f"not planned: {e}"), None, ()
     after = _plan_collectives(plan)

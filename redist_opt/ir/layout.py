@@ -20,7 +20,6 @@ __all__ = [
     "FlatLayout",
     "row_major_dim_layouts",
     "collapse",
-    "is_orthogonal",
     "rank_lists",
     "format_layout",
 ]
@@ -43,11 +42,6 @@ def collapse(dim_layouts: Sequence[FlatLayout]) -> FlatLayout:
     stay as two modes: still one valid communicator, just a non-contiguous one.
     """
     return _MeshLayout(tuple(dim_layouts)).collapse()
-
-
-def is_orthogonal(layout: FlatLayout) -> bool:
-    """True when no rank appears twice in the group the layout describes."""
-    return layout.check_orthogonal()
 
 
 def numel(layout: FlatLayout) -> int:

@@ -16,6 +16,7 @@ are not lowered: the plan is marked ``fallback`` and runs through torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from torch.distributed.tensor.placement_types import (
@@ -26,7 +27,7 @@ from torch.distributed.tensor.placement_types import (
 )
 
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.ops import GraphBuilder, StepInfo
+from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError, placement_str
 
@@ -135,10 +136,9 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
     if not dims:
         return  # DTensor short-cuts single-rank mesh dims: no op at all
     b.step = step
-    custom = getattr(step, "lower", None)
-    if custom is not None:  # a step a pass defines lowers itself (passes/merge_gathers_across_dims.py)
-        return custom(b, mesh)
     group = mesh.group(dims)
+    if step.variant:
+        return _VARIANT_LOWERINGS[step.variant](b, mesh, group, step, dims)
     counts = tuple(mesh.sizes[d] for d in dims)
     coords = tuple(sym.coord(d) for d in dims)
     n = group.size
@@ -170,8 +170,6 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
                 b.emit("narrow", cur.dim, 0, logical)
             else:
                 b.emit("unpad_nested", cur.dim, logical, counts)
-    elif kind == "all_to_all" and step.also:
-        _lower_split_all_to_all(b, mesh, group, step, dims)
     elif kind == "all_to_all":
         if cur.dim != tgt.dim:
             _lower_all_to_all(b, mesh, group, cur.dim, tgt.dim, step.logical_shape, counts, coords)
@@ -211,13 +209,10 @@ def _lower_all_to_all(b, mesh, group, old_dim, new_dim, logical, counts, coords)
 
 def _lower_split_all_to_all(b, mesh, group, step: StepInfo, dims) -> None:
     # Two all_to_alls that cat the same tensor dim, merged (merge-adjacent-all-to-alls):
-    # the leading mesh dims split ``step.dst``, the trailing ones ``also``'s dst.
-    (tail, other), = step.also
-    tail = tuple(d for d in tail if mesh.sizes[d] > 1)
-    head = dims[: len(dims) - len(tail)]
+    # each part's mesh dims (in mesh_dims order) split its tensor dim.
     logical = step.logical_shape
     cat = step.src.dim
-    parts = [(step.dst.dim, head), (other.dim, tail)]
+    parts = [(t, tuple(d for d in ds if mesh.sizes[d] > 1)) for t, ds in step.parts]
     counts = tuple(mesh.sizes[d] for d in dims)
     cat_even = sym.is_divisible(logical[cat], group.size, mesh.sizes)
     if not cat_even:
@@ -225,21 +220,47 @@ def _lower_split_all_to_all(b, mesh, group, step: StepInfo, dims) -> None:
     uneven = []
     for dim, ds in parts:
         c = tuple(mesh.sizes[d] for d in ds)
-        if not sym.is_divisible(logical[dim], _prod(c), mesh.sizes):
+        if not sym.is_divisible(logical[dim], math.prod(c), mesh.sizes):
             uneven.append((dim, ds, c))
             b.emit("pad_nested", dim, c)
-    b.emit("all_to_all", group, tuple((dim, _prod(mesh.sizes[d] for d in ds)) for dim, ds in parts), cat)
+    b.emit("all_to_all", group, tuple((dim, math.prod(mesh.sizes[d] for d in ds)) for dim, ds in parts), cat)
     if not cat_even:
         b.emit("unpad_nested", cat, logical[cat], counts)
     for dim, ds, c in uneven:
         b.emit("narrow", dim, 0, sym.nested_chunk_size(logical[dim], c, tuple(sym.coord(d) for d in ds)))
 
 
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
+def _lower_gather_blocks(b, mesh, group, step: StepInfo, dims) -> None:
+    # One all_gather of several tensor dims (merge-gathers-across-dims): every rank
+    # pads its block to the largest, the gather lays the blocks along the first
+    # tensor dim, and unpack_blocks reassembles them.
+    # The gathered slots come in the communicator's rank order (ascending global
+    # rank), which need not be the order of the layout that names the group.
+    slot_dims = mesh.rank_order(dims)
+    assert slot_dims is not None and set(slot_dims) == set(dims), dims
+    counts = tuple(mesh.sizes[d] for d in slot_dims)
+    blocks, lengths = [], []
+    for t, part_dims in sorted(step.parts):
+        real = tuple(d for d in part_dims if mesh.sizes[d] > 1)
+        if not real:
+            continue
+        length = step.logical_shape[t]
+        pieces = tuple(mesh.sizes[d] for d in real)
+        if not sym.is_divisible(length, math.prod(pieces), mesh.sizes):
+            b.emit("pad_to", t, sym.nested_max_chunk(length, pieces))
+        blocks.append((t, tuple(slot_dims.index(d) for d in real)))
+        lengths.append(length)
+    gather_dim = blocks[0][0]
+    b.emit("all_gather", group, gather_dim)
+    b.emit("unpack_blocks", gather_dim, counts, tuple(blocks), *lengths)
+
+
+# How each step variant (ir.ops.STEP_VARIANTS) lowers.
+_VARIANT_LOWERINGS = {
+    "split_all_to_all": _lower_split_all_to_all,
+    "gather_blocks": _lower_gather_blocks,
+}
+assert _VARIANT_LOWERINGS.keys() == STEP_VARIANTS.keys(), "every step variant needs a lowering"
 
 
 def _unsupported(step: StepInfo, mesh: MeshSpec) -> RedistributeError:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -52,6 +53,8 @@ __all__ = [
     "OPS",
     "COLLECTIVES",
     "StepInfo",
+    "StepVariant",
+    "STEP_VARIANTS",
     "GraphBuilder",
     "collective_nodes",
     "verify",
@@ -116,19 +119,12 @@ def pad_to(shape, dim: int, size):
 
 @_ir_op("pad_nested", collective=False)
 def pad_nested(shape, dim: int, counts: tuple):
-    return _set(shape, dim, sym.nested_max_chunk(shape[dim], counts) * _prod(counts))
+    return _set(shape, dim, sym.nested_max_chunk(shape[dim], counts) * math.prod(counts))
 
 
 @_ir_op("unpad_nested", collective=False)
 def unpad_nested(shape, dim: int, length, counts: tuple):
     return _set(shape, dim, length)
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
 
 
 @_ir_op("narrow", collective=False)
@@ -174,6 +170,39 @@ COLLECTIVES = frozenset(name for name, op in OPS.items() if op.is_collective)
 
 
 @dataclasses.dataclass(frozen=True)
+class StepVariant:
+    """A step that is not one of DTensor's per-mesh-dim steps: a pass made it, and
+    ``redist_opt.ir.lower`` lowers it by its ``name``. ``parts`` of such a step are
+    ``((tensor dim, mesh dims outermost first), ...)``."""
+
+    name: str
+    kind: str  # the StepInfo.kind it refines
+    doc: str
+
+
+# Step variants (``StepInfo.variant``): the op table of steps, as ``OPS`` is of ops.
+STEP_VARIANTS = {
+    v.name: v
+    for v in (
+        StepVariant(
+            "split_all_to_all",
+            "all_to_all",
+            "one all_to_all that cats src.dim and splits several tensor dims: parts, in "
+            "mesh_dims order, say which mesh dims split which tensor dim (dst is the first "
+            "part's); member k of the group gets block k, row-major over the parts",
+        ),
+        StepVariant(
+            "gather_blocks",
+            "all_gather",
+            "one all_gather that unshards several tensor dims: parts, by tensor dim, say "
+            "over which mesh dims each is gathered; mesh_dims is the group's dim order; "
+            "the blocks are reassembled locally (unpack_blocks)",
+        ),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class StepInfo:
     """One redistribution step as DTensor's planner emits it (after our lowering)."""
 
@@ -188,10 +217,13 @@ class StepInfo:
     # Merged sum/avg partials: the reduction is a sum, divided afterwards by this
     # (the product of the sizes of the avg mesh dims). 1: no scaling.
     avg_scale: int = 1
-    # Two all_to_alls merged (merge-adjacent-all-to-alls): ((mesh dims, dst), ...)
-    # whose mesh dims, at the end of ``mesh_dims``, shard ``dst`` instead of ``dst``
-    # above. Empty for every other step.
-    also: tuple = ()
+    # A name in STEP_VARIANTS ("" for a plain step) and its ((tensor dim, mesh dims), ...).
+    variant: str = ""
+    parts: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.variant and STEP_VARIANTS[self.variant].kind != self.kind:
+            raise ValueError(f"step variant {self.variant} is a {STEP_VARIANTS[self.variant].kind}, not {self.kind}")
 
     # Derived facts are cached: every pass asks them many times per plan.
     @functools.cached_property
@@ -207,8 +239,8 @@ class StepInfo:
     @functools.cached_property
     def tensor_dims(self) -> frozenset[int]:
         """Tensor dims whose layout the step changes (reductions change none)."""
-        dims = set()
-        for p in (self.src, self.dst, *(dst for _, dst in self.also)):
+        dims = {t for t, _ in self.parts}
+        for p in (self.src, self.dst):
             if p.is_shard():
                 dims.add(p.dim)
         return frozenset(dims)
@@ -300,7 +332,7 @@ def verify(gm: fx.GraphModule, mesh_sizes: Sequence[int], expected_output_shape=
             split_dim = {"reduce_scatter": 3, "all_to_all": 2}.get(name)
             if split_dim is not None:
                 splits = split_dims(node.args[split_dim], group.size)
-                if _prod(n for _, n in splits) != group.size:
+                if math.prod(n for _, n in splits) != group.size:
                     raise IRVerificationError(f"{node.name}: split {splits} does not cover the group")
                 for d, n in splits:
                     size = prev.meta["shape"][d]

@@ -169,28 +169,29 @@ class ShardState:
         return ShardState({t: list(ds) for t, ds in self.order.items()})
 
     def apply(self, step: ir.StepInfo, mesh: MeshSpec) -> None:
-        parts = getattr(step, "parts", None)
-        if parts:  # one all_gather of several tensor dims (merge-gathers-across-dims)
-            for tdim, dims in parts:
-                self.apply(ir.StepInfo(step.index, tuple(dims), Shard(tdim), step.dst, ()), mesh)
+        if step.variant == "gather_blocks":  # unshards each part's tensor dim
+            for tdim, dims in step.parts:
+                self._unshard(tdim, tuple(d for d in dims if mesh.sizes[d] > 1), step)
             return
         real = tuple(d for d in step.mesh_dims if mesh.sizes[d] > 1)
         if step.src.is_shard():
-            dims = self.order.get(step.src.dim, [])
-            k = len(real)
-            if k and tuple(dims[-k:]) != real:
-                raise AssertionError(
-                    f"step {step} unshards mesh dims {step.mesh_dims} but tensor dim "
-                    f"{step.src.dim} is sharded by {dims} (innermost last)"
-                )
-            if k:
-                del dims[-k:]
-        for dims, dst in step.also:  # merged all_to_alls: the last dims shard another dim
-            own = [d for d in dims if mesh.sizes[d] > 1]
-            real = real[: len(real) - len(own)]
-            self.order.setdefault(dst.dim, []).extend(own)
-        if step.dst.is_shard():
+            self._unshard(step.src.dim, real, step)
+        if step.variant == "split_all_to_all":  # each part's mesh dims shard its tensor dim
+            for tdim, dims in step.parts:
+                self.order.setdefault(tdim, []).extend(d for d in dims if mesh.sizes[d] > 1)
+        elif step.dst.is_shard():
             self.order.setdefault(step.dst.dim, []).extend(real)
+
+    def _unshard(self, tdim: int, real: tuple[int, ...], step: ir.StepInfo) -> None:
+        dims = self.order.get(tdim, [])
+        k = len(real)
+        if k and tuple(dims[-k:]) != real:
+            raise AssertionError(
+                f"step {step} unshards mesh dims {real} but tensor dim "
+                f"{tdim} is sharded by {dims} (innermost last)"
+            )
+        if k:
+            del dims[-k:]
 
     def logical_shape(self, global_shape, mesh: MeshSpec, exclude: Sequence[int]) -> tuple:
         """Sizes of every tensor dim chunked by its sharding dims other than ``exclude``."""

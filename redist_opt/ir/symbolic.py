@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 from collections.abc import Mapping, Sequence
 
@@ -22,7 +23,6 @@ __all__ = [
     "coord",
     "CeilDiv",
     "ChunkSize",
-    "ChunkStart",
     "as_expr",
     "evaluate",
     "possible_values",
@@ -79,34 +79,12 @@ class ChunkSize(sympy.Function):
         return None
 
 
-class ChunkStart(sympy.Function):
-    """Offset of chunk ``i`` in a ``torch.chunk`` split of ``length`` into ``n``."""
-
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, length, n, i):
-        if _is_int(length) and _is_int(n) and _is_int(i):
-            return sympy.Integer(chunk_start(int(length), int(n), int(i)))
-        if _is_int(length) and _is_int(n) and int(length) % int(n) == 0:
-            return sympy.Integer(int(length) // int(n)) * i
-        if n == 1:
-            return sympy.Integer(0)
-        return None
-
-
 def chunk_size(length: int, n: int, i: int) -> int:
     full = -(-length // n)
     return max(0, min(length, full * (i + 1)) - full * i)
 
 
-def chunk_start(length: int, n: int, i: int) -> int:
-    full = -(-length // n)
-    return min(length, full * i)
-
-
-def nested_chunk_size(length, counts: Sequence[int], coords: Sequence) :
+def nested_chunk_size(length, counts: Sequence[int], coords: Sequence):
     """Size of the piece at ``coords`` after chunking ``length`` by counts[0], then counts[1], ..."""
     for n, c in zip(counts, coords):
         length = ChunkSize(length, n, c)
@@ -135,7 +113,6 @@ def as_expr(x) -> sympy.Expr:
 _NUMERIC = {
     "CeilDiv": lambda a, b: -(-a // b),
     "ChunkSize": chunk_size,
-    "ChunkStart": chunk_start,
     "Max": max,
     "Min": min,
 }
@@ -173,11 +150,10 @@ def _values(expr: sympy.Expr, mesh_sizes: tuple[int, ...]) -> frozenset[int]:
     if isinstance(expr, sympy.Symbol):
         dim = int(expr.name[1:])
         return frozenset(range(mesh_sizes[dim]))
-    if isinstance(expr, (ChunkSize, ChunkStart)):
+    if isinstance(expr, ChunkSize):
         length, n, i = expr.args
-        fn = chunk_size if isinstance(expr, ChunkSize) else chunk_start
         return frozenset(
-            fn(L, nn, ii)
+            chunk_size(L, nn, ii)
             for L in _values(length, mesh_sizes)
             for nn in _values(n, mesh_sizes)
             for ii in _values(i, mesh_sizes)
@@ -186,17 +162,10 @@ def _values(expr: sympy.Expr, mesh_sizes: tuple[int, ...]) -> frozenset[int]:
         a, b = expr.args
         return frozenset(-(-x // y) for x in _values(a, mesh_sizes) for y in _values(b, mesh_sizes))
     if isinstance(expr, (sympy.Add, sympy.Mul)):
-        op = (lambda xs: sum(xs)) if isinstance(expr, sympy.Add) else _prod
+        op = sum if isinstance(expr, sympy.Add) else math.prod
         sets = [_values(a, mesh_sizes) for a in expr.args]
         return frozenset(int(op(combo)) for combo in itertools.product(*sets))
     raise TypeError(f"cannot enumerate values of {expr}")
-
-
-def _prod(xs):
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 def is_divisible(expr, n: int, mesh_sizes: Sequence[int]) -> bool:
@@ -210,7 +179,7 @@ def expr_str(expr, names: Mapping[int, str] | None = None) -> str:
     if isinstance(e, sympy.Integer):
         return str(int(e))
     text = str(e)
-    text = text.replace("ChunkSize", "chunk").replace("ChunkStart", "chunk_start")
+    text = text.replace("ChunkSize", "chunk")
     text = text.replace("CeilDiv", "ceildiv").replace(", ", ",")
     if names:
         for d, name in sorted(names.items(), key=lambda kv: -kv[0]):
