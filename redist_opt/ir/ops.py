@@ -27,7 +27,9 @@ Sizes, starts and indices are sympy expressions in the mesh coordinates
 
 * ``shape``: the local shape after the node, a tuple of size expressions;
 * ``step``: the :class:`StepInfo` of the planner step the node implements
-  (mesh dims, src/dst placement, logical shape);
+  (mesh dims, src/dst placement, logical shape); a step DTensor's planner does
+  not make (a pass's merge of steps it cannot express) names its variant in the
+  step table :data:`STEP_VARIANTS`;
 * ``from_node``: names of the nodes a pass rewrote into this one (provenance).
 
 The graph is held by a ``torch.fx.GraphModule`` so ``torch.fx.passes.infra``
