@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import redist_opt
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.parse import parse_ir
@@ -26,7 +27,8 @@ from redist_opt.ir.text import STEP_VARIANTS, format_ir, register_step_variant
 from redist_opt.passes import PassContext
 from redist_opt.passes.merge_gathers_across_dims import GatherBlocksStep
 
-__all__ = ["parse_ir", "format_ir", "run_pass", "run_pass_notes", "assert_not_transformed", "assert_round_trips", "PassRun"]
+__all__ = ["parse_ir", "format_ir", "run_pass", "run_pass_notes", "assert_not_transformed", "assert_round_trips", "PassRun",
+           "signature", "notes_of", "mesh"]
 
 # The gather-blocks step class lives with its pass; the IR text parses it through
 # the variant registry of redist_opt.ir.text.
@@ -97,3 +99,23 @@ def assert_not_transformed(text: str, pass_cls, **ctx_options) -> str:
     assert not r.modified, f"{pass_cls.name} changed the IR:\n{r.text}"
     assert r.text == text.strip("\n"), f"{pass_cls.name} changed the IR text:\n{r.text}"
     return "\n".join(r.notes)
+
+
+def signature(plan) -> list[str]:
+    """A plan's collectives as ``kind[op](dims)`` (for tests that run whole pipelines)."""
+    out = []
+    for c in plan.collectives():
+        op = f"[{c.reduce_op}]" if c.reduce_op else ""
+        out.append(f"{c.kind}{op}({c.group.name(plan.mesh)})")
+    return out
+
+
+def notes_of(plan, pass_cls) -> list[str]:
+    """The notes ``pass_cls`` recorded on an optimized plan."""
+    return [str(n) for n in plan.notes if n.pass_name == pass_cls.name]
+
+
+def mesh(sizes, flattened=(), names=None):
+    """A rank-free MeshSpec with dims named a, b, c, ... unless ``names`` are given."""
+    names = names or tuple("abcdefgh"[: len(sizes)])
+    return redist_opt.MeshSpec(sizes=sizes, names=names, flattened=flattened)
