@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch.distributed as dist
-from pass_util import mesh, signature
+from support.ir_text import mesh, signature
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 

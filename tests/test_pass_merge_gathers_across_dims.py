@@ -1,155 +1,302 @@
-"""merge-gathers-across-dims: IR in / IR out (each legality condition with a
+"""merge-gathers-across-dims: IR in, IR out (each legality condition with a
 not-transformed twin), the unpack_blocks op, and execution against torch."""
 
 from __future__ import annotations
 
+import expecttest
 import pytest
 import torch
 from harness import check_case
-from pass_util import mesh, notes_of, run_and_check, signature
+from support.ir_text import assert_not_transformed, notes_of, run_pass, run_pass_notes, signature
 
 import redist_opt
-from redist_opt.ir import layout as L
-from redist_opt.runtime import execute as runtime
 from redist_opt.ir import steps as S
 from redist_opt.ir.cost import CostModel
-from redist_opt.passes import MergeAllGathers, MergeGathersAcrossDims
+from redist_opt.passes import MergeGathersAcrossDims, PassContext
+from redist_opt.runtime import execute as runtime
 
 P = MergeGathersAcrossDims
 
+# [S(0), S(1)] -> [R, R] on 2 x 8 (FSDP x TP weights gathered for clipping or a checkpoint)
+FSDP_TP = """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (16, 16), float32
+%x : (8, 2)
+step 0 over b: S(1) -> R, logical=(8, 16)
+  %all_gather = all_gather(%x, {b 8:1}, 1) : (8, 16)
+step 1 over a: S(0) -> R, logical=(16, 16)
+  %all_gather_1 = all_gather(%all_gather, {a 2:8}, 0) : (16, 16)
+return %all_gather_1
+"""
+FSDP_TP_UNEVEN_AB_EXISTS = """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (5, 7), float32
+mesh flattened=[a+b]
+%x : (chunk(5,2,c_a), chunk(7,8,c_b))
+step 0 over b: S(1) -> R, logical=(chunk(5,2,c_a), 7)
+  %pad_to = pad_to(%x, 1, 1) : (chunk(5,2,c_a), 1)
+  %all_gather = all_gather(%pad_to, {b 8:1}, 1) : (chunk(5,2,c_a), 8)
+  %narrow = narrow(%all_gather, 1, 0, 7) : (chunk(5,2,c_a), 7)
+step 1 over a: S(0) -> R, logical=(5, 7)
+  %pad_to_1 = pad_to(%narrow, 0, 3) : (3, 7)
+  %all_gather_1 = all_gather(%pad_to_1, {a 2:8}, 0) : (6, 7)
+  %narrow_1 = narrow(%all_gather_1, 0, 0, 5) : (5, 7)
+return %narrow_1
+"""
+# dim 0 nested over a (outer) and c (inner), dim 1 over b
+NESTED_DIM_0 = """\
+redistribute [S(0), S(1), S(0)] -> [R, R, R] on mesh (a=2,b=4,c=2), shape (9, 7), float32
+%x : (chunk(chunk(9,2,c_a),2,c_c), chunk(7,4,c_b))
+step 0 over c: S(0) -> R, logical=(chunk(9,2,c_a), chunk(7,4,c_b))
+  %pad_to = pad_to(%x, 0, ceildiv(chunk(9,2,c_a),2)) : (ceildiv(chunk(9,2,c_a),2), chunk(7,4,c_b))
+  %all_gather = all_gather(%pad_to, {c 2:1}, 0) : (2*ceildiv(chunk(9,2,c_a),2), chunk(7,4,c_b))
+  %narrow = narrow(%all_gather, 0, 0, chunk(9,2,c_a)) : (chunk(9,2,c_a), chunk(7,4,c_b))
+step 1 over b: S(1) -> R, logical=(chunk(9,2,c_a), 7)
+  %pad_to_1 = pad_to(%narrow, 1, 2) : (chunk(9,2,c_a), 2)
+  %all_gather_1 = all_gather(%pad_to_1, {b 4:2}, 1) : (chunk(9,2,c_a), 8)
+  %narrow_1 = narrow(%all_gather_1, 1, 0, 7) : (chunk(9,2,c_a), 7)
+step 2 over a: S(0) -> R, logical=(9, 7)
+  %pad_to_2 = pad_to(%narrow_1, 0, 5) : (5, 7)
+  %all_gather_2 = all_gather(%pad_to_2, {a 2:8}, 0) : (10, 7)
+  %narrow_2 = narrow(%all_gather_2, 0, 0, 9) : (9, 7)
+return %narrow_2
+"""
+THREE_TENSOR_DIMS = """\
+redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
+%x : (2, 2, 2)
+step 0 over c: S(2) -> R, logical=(2, 2, 4)
+  %all_gather = all_gather(%x, {c 2:1}, 2) : (2, 2, 4)
+step 1 over b: S(1) -> R, logical=(2, 4, 4)
+  %all_gather_1 = all_gather(%all_gather, {b 2:2}, 1) : (2, 4, 4)
+step 2 over a: S(0) -> R, logical=(4, 4, 4)
+  %all_gather_2 = all_gather(%all_gather_1, {a 2:4}, 0) : (4, 4, 4)
+return %all_gather_2
+"""
+# merge-all-gathers first fused the nested dim-0 gathers over c and b
+GATHERS_OF_DIM_0_MERGED = """\
+redistribute [S(1), S(0), S(0)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (6, 5), float32
+mesh flattened=[b+c, a+b+c]
+%x : (chunk(3,2,c_c), chunk(5,2,c_a))
+step 0 over b+c: S(0) -> R, logical=(6, chunk(5,2,c_a))
+  %pad_to = pad_to(%x, 0, 2) : (2, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1
+  %all_gather = all_gather(%pad_to, {b+c 4:1}, 0) : (8, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1
+  %unpad_nested = unpad_nested(%all_gather, 0, 6, (2, 2)) : (6, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1
+step 2 over a: S(1) -> R, logical=(6, 5)
+  %pad_to_1 = pad_to(%unpad_nested, 1, 3) : (6, 3)
+  %all_gather_1 = all_gather(%pad_to_1, {a 2:4}, 1) : (6, 6)
+  %narrow = narrow(%all_gather_1, 1, 0, 5) : (6, 5)
+return %narrow
+"""
+THREE_TENSOR_DIMS_BC_EXISTS = """\
+redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
+mesh flattened=[b+c]
+%x : (2, 2, 2)
+step 0 over c: S(2) -> R, logical=(2, 2, 4)
+  %all_gather = all_gather(%x, {c 2:1}, 2) : (2, 2, 4)
+step 1 over b: S(1) -> R, logical=(2, 4, 4)
+  %all_gather_1 = all_gather(%all_gather, {b 2:2}, 1) : (2, 4, 4)
+step 2 over a: S(0) -> R, logical=(4, 4, 4)
+  %all_gather_2 = all_gather(%all_gather_1, {a 2:4}, 0) : (4, 4, 4)
+return %all_gather_2
+"""
+ONE_TENSOR_DIM = """\
+redistribute [S(0), S(0)] -> [R, R] on mesh (a=2,b=8), shape (16, 4), float32
+mesh flattened=[a+b]
+%x : (1, 4)
+step 0 over b: S(0) -> R, logical=(8, 4)
+  %all_gather = all_gather(%x, {b 8:1}, 0) : (8, 4)
+step 1 over a: S(0) -> R, logical=(16, 4)
+  %all_gather_1 = all_gather(%all_gather, {a 2:8}, 0) : (16, 4)
+return %all_gather_1
+"""
+# an all_reduce between the gathers (no reorder-collectives here)
+REDUCTION_BETWEEN = """\
+redistribute [S(0), P, S(1)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4), float32
+%x : (2, 2)
+step 0 over c: S(1) -> R, logical=(2, 4)
+  %all_gather = all_gather(%x, {c 2:1}, 1) : (2, 4)
+step 1 over b: P -> R, logical=(2, 4)
+  %all_reduce = all_reduce(%all_gather, {b 2:2}, 'sum') : (2, 4)
+step 2 over a: S(0) -> R, logical=(4, 4)
+  %all_gather_1 = all_gather(%all_reduce, {a 2:4}, 0) : (4, 4)
+return %all_gather_1
+"""
+# a communicator named by the (b, a) layout exists
+BA_GROUP_EXISTS = """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=2), shape (4, 6), float32
+mesh flattened=[(2,2):(1,2)]
+%x : (2, 3)
+step 0 over b: S(1) -> R, logical=(2, 6)
+  %all_gather = all_gather(%x, {b 2:1}, 1) : (2, 6)
+step 1 over a: S(0) -> R, logical=(4, 6)
+  %all_gather_1 = all_gather(%all_gather, {a 2:2}, 0) : (4, 6)
+return %all_gather_1
+"""
+# a column-major 2x4 mesh: rank = c_a + 2 c_b
+COLUMN_MAJOR = """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=4), shape (4, 8), float32
+mesh layouts=[2:1, 4:2]
+%x : (2, 2)
+step 0 over b: S(1) -> R, logical=(2, 8)
+  %all_gather = all_gather(%x, {b 4:2}, 1) : (2, 8)
+step 1 over a: S(0) -> R, logical=(4, 8)
+  %all_gather_1 = all_gather(%all_gather, {a 2:1}, 0) : (4, 8)
+return %all_gather_1
+"""
+# dim a spans ranks {0,1,4,5} (layout (2,2):(4,1)), dim b steps by 2
+INTERLEAVED = """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=4,b=2), shape (4, 8), float32
+mesh layouts=[(2,2):(4,1), 2:2]
+%x : (1, 4)
+step 0 over b: S(1) -> R, logical=(1, 8)
+  %all_gather = all_gather(%x, {b 2:2}, 1) : (1, 8)
+step 1 over a: S(0) -> R, logical=(4, 8)
+  %all_gather_1 = all_gather(%all_gather, {a (2,2):(4,1)}, 0) : (4, 8)
+return %all_gather_1
+"""
 
-def _plan(sizes, flattened, src, dst, shape):
-    return redist_opt.plan(mesh(sizes, flattened), src, dst, shape=shape)
+
+class TestMergeGathersAcrossDims(expecttest.TestCase):
+    # -- the rewrite --------------------------------------------------------------------
+
+    def test_fsdp_tp_weights_one_gather(self):
+        # even: no padding
+        self.assertExpectedInline(run_pass(FSDP_TP, P, groups="create"), """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (16, 16), float32
+%x : (8, 2)
+step 0 over a+b: S(0) -> R, logical=(16, 16), variant=gather_blocks(0: a, 1: b)
+  %all_gather = all_gather(%x, {a+b 16:1}, 0) : (128, 2)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 16, 16) : (16, 16)  # <- %all_gather, %all_gather_1
+return %unpack_blocks""")
+        self.assertExpectedInline(run_pass_notes(FSDP_TP, P, groups="create"), """[merge-gathers-across-dims] all_gather(b) + all_gather(a) -> all_gather(a+b): merged: groups=create creates 16:1; blocks reassembled locally (unpack_blocks)""")
+
+    def test_uneven_blocks_are_padded(self):
+        # pad to ceil(5/2) rows and ceil(7/8) columns; unpack_blocks narrows every block
+        self.assertExpectedInline(run_pass(FSDP_TP_UNEVEN_AB_EXISTS, P), """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (5, 7), float32
+mesh flattened=[a+b]
+%x : (chunk(5,2,c_a), chunk(7,8,c_b))
+step 0 over a+b: S(0) -> R, logical=(5, 7), variant=gather_blocks(0: a, 1: b)
+  %pad_to = pad_to(%x, 0, 3) : (3, chunk(7,8,c_b))  # <- %all_gather, %all_gather_1
+  %pad_to_1 = pad_to(%pad_to, 1, 1) : (3, 1)  # <- %all_gather, %all_gather_1
+  %all_gather = all_gather(%pad_to_1, {a+b 16:1}, 0) : (48, 1)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 5, 7) : (5, 7)  # <- %all_gather, %all_gather_1
+return %unpack_blocks""")
+
+    def test_three_tensor_dims_and_a_nested_one(self):
+        self.assertExpectedInline(run_pass(NESTED_DIM_0, P, groups="create"), """\
+redistribute [S(0), S(1), S(0)] -> [R, R, R] on mesh (a=2,b=4,c=2), shape (9, 7), float32
+%x : (chunk(chunk(9,2,c_a),2,c_c), chunk(7,4,c_b))
+step 0 over a+b+c: S(0) -> R, logical=(9, 7), variant=gather_blocks(0: a+c, 1: b)
+  %pad_to = pad_to(%x, 0, 3) : (3, chunk(7,4,c_b))  # <- %all_gather, %all_gather_1, %all_gather_2
+  %pad_to_1 = pad_to(%pad_to, 1, 2) : (3, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
+  %all_gather = all_gather(%pad_to_1, {a+b+c 16:1}, 0) : (48, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 4, 2), ((0, (0, 2)), (1, (1,))), 9, 7) : (9, 7)  # <- %all_gather, %all_gather_1, %all_gather_2
+return %unpack_blocks""")
+        self.assertExpectedInline(run_pass(THREE_TENSOR_DIMS, P, groups="create"), """\
+redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
+%x : (2, 2, 2)
+step 0 over a+b+c: S(0) -> R, logical=(4, 4, 4), variant=gather_blocks(0: a, 1: b, 2: c)
+  %all_gather = all_gather(%x, {a+b+c 8:1}, 0) : (16, 2, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (0,)), (1, (1,)), (2, (2,))), 4, 4, 4) : (4, 4, 4)  # <- %all_gather, %all_gather_1, %all_gather_2
+return %unpack_blocks""")
+
+    def test_after_merge_all_gathers(self):
+        # this pass fuses the merged dim-0 block with the dim-1 gather over a
+        self.assertExpectedInline(run_pass(GATHERS_OF_DIM_0_MERGED, P), """\
+redistribute [S(1), S(0), S(0)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (6, 5), float32
+mesh flattened=[b+c, a+b+c]
+%x : (chunk(3,2,c_c), chunk(5,2,c_a))
+step 0 over a+b+c: S(0) -> R, logical=(6, 5), variant=gather_blocks(0: b+c, 1: a)
+  %pad_to = pad_to(%x, 0, 2) : (2, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1, %all_gather_1
+  %pad_to_1 = pad_to(%pad_to, 1, 3) : (2, 3)  # <- %all_gather, %all_gather_1, %all_gather_1
+  %all_gather = all_gather(%pad_to_1, {a+b+c 8:1}, 0) : (16, 3)  # <- %all_gather, %all_gather_1, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (1, 2)), (1, (0,))), 6, 5) : (6, 5)  # <- %all_gather, %all_gather_1, %all_gather_1
+return %unpack_blocks""")
+
+    def test_partial_run_merges_where_a_group_exists(self):
+        # Only b+c exists: gathers of dims 2 and 1 merge, the gather of dim 0 over a stays.
+        self.assertExpectedInline(run_pass(THREE_TENSOR_DIMS_BC_EXISTS, P), """\
+redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
+mesh flattened=[b+c]
+%x : (2, 2, 2)
+step 0 over b+c: S(1) -> R, logical=(2, 4, 4), variant=gather_blocks(1: b, 2: c)
+  %all_gather = all_gather(%x, {b+c 4:1}, 1) : (2, 8, 2)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 1, (2, 2), ((1, (0,)), (2, (1,))), 4, 4) : (2, 4, 4)  # <- %all_gather, %all_gather_1
+step 2 over a: S(0) -> R, logical=(4, 4, 4)
+  %all_gather_1 = all_gather(%unpack_blocks, {a 2:4}, 0) : (4, 4, 4)
+return %all_gather_1""")
+
+    # -- legality twins -------------------------------------------------------------------
+
+    def test_one_tensor_dim_not_transformed(self):
+        # Condition 1: a single tensor dim is merge-all-gathers' rewrite, not this one.
+        self.assertExpectedInline(assert_not_transformed(ONE_TENSOR_DIM, P), """""")
+
+    def test_not_adjacent_not_transformed(self):
+        # Condition 1
+        self.assertExpectedInline(assert_not_transformed(REDUCTION_BETWEEN, P, groups="create"), """""")
+
+    def test_no_group_not_transformed(self):
+        # Condition 3: groups="existing" and no communicator over a+b.
+        self.assertExpectedInline(assert_not_transformed(FSDP_TP, P), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: no process group has layout 16:1 (groups=existing)""")
+
+    def test_any_rank_order_serves(self):
+        # Condition 3: a communicator named by the (b, a) layout serves as well; it ranks
+        # its members by ascending global rank, i.e. a slowest, and unpack_blocks reads
+        # the slots in that order.
+        self.assertExpectedInline(run_pass(BA_GROUP_EXISTS, P), """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=2), shape (4, 6), float32
+mesh flattened=[(2,2):(1,2)]
+%x : (2, 3)
+step 0 over b+a: S(0) -> R, logical=(4, 6), variant=gather_blocks(0: a, 1: b)
+  %all_gather = all_gather(%x, {b+a (2,2):(1,2)}, 0) : (8, 3)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2), ((0, (0,)), (1, (1,))), 4, 6) : (4, 6)  # <- %all_gather, %all_gather_1
+return %unpack_blocks""")
+
+    def test_column_major_slots(self):
+        # A communicator over a+b lists b slowest; the slots follow that order whatever
+        # the group's layout.
+        self.assertExpectedInline(run_pass(COLUMN_MAJOR, P, groups="create"), """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=4), shape (4, 8), float32
+mesh layouts=[2:1, 4:2]
+%x : (2, 2)
+step 0 over a+b: S(0) -> R, logical=(4, 8), variant=gather_blocks(0: a, 1: b)
+  %all_gather = all_gather(%x, {a+b (2,4):(1,2)}, 0) : (16, 2)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (4, 2), ((0, (1,)), (1, (0,))), 4, 8) : (4, 8)  # <- %all_gather, %all_gather_1
+return %unpack_blocks""")
+
+    def test_interleaved_modes_not_transformed(self):
+        # Condition 3: a communicator over both dims lists ranks 0..7, which no order of
+        # whole dims gives.
+        self.assertExpectedInline(assert_not_transformed(INTERLEAVED, P, groups="create"), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""")
+
+    def test_cost_can_refuse_not_transformed(self):
+        # Condition 4: under the gloo profile (ring: 15 latency steps over 16 ranks against
+        # 7 + 1) small gathers stay separate ...
+        gloo = CostModel.profile("gloo")
+        self.assertExpectedInline(assert_not_transformed(FSDP_TP, P, groups="create", cost=gloo), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""")
+
+    def test_default_profile_merges(self):
+        # ... the default (tree) profile merges them.
+        self.assertExpectedInline(run_pass(FSDP_TP, P, groups="create", cost=CostModel.default()), """\
+redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (16, 16), float32
+%x : (8, 2)
+step 0 over a+b: S(0) -> R, logical=(16, 16), variant=gather_blocks(0: a, 1: b)
+  %all_gather = all_gather(%x, {a+b 16:1}, 0) : (128, 2)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 16, 16) : (16, 16)  # <- %all_gather, %all_gather_1
+return %unpack_blocks""")
 
 
-# -- the rewrite ----------------------------------------------------------------------
-
-
-def test_fsdp_tp_weights_one_gather():
-    # The acceptance example: [S(0), S(1)] -> [R, R] on 2 x 8 is one all_gather.
-    p = _plan((2, 8), [], "S(0),S(1)", "R,R", (16, 16))
-    assert signature(p) == ["all_gather(b)", "all_gather(a)"]
-    after = run_and_check(p, P, ["all_gather(a+b)"], groups="create")
-    ops = [n.target.ir_name for n in after.graph.graph.nodes if n.op == "call_function"]
-    assert ops == ["all_gather", "unpack_blocks"]  # even: no padding
-    assert any("all_gather(b) + all_gather(a) -> all_gather(a+b)" in n for n in notes_of(after, P))
-
-
-def test_uneven_blocks_are_padded():
-    p = _plan((2, 8), ["a+b"], "S(0),S(1)", "R,R", (5, 7))
-    after = run_and_check(p, P, ["all_gather(a+b)"])
-    nodes = [n for n in after.graph.graph.nodes if n.op == "call_function"]
-    assert [n.target.ir_name for n in nodes] == ["pad_to", "pad_to", "all_gather", "unpack_blocks"]
-    assert [(n.args[1], int(n.args[2])) for n in nodes[:2]] == [(0, 3), (1, 1)]  # ceil(5/2), ceil(7/8)
-    assert nodes[-1].args[1:] == (0, (2, 8), ((0, (0,)), (1, (1,))), 5, 7)
-
-
-def test_three_tensor_dims_and_a_nested_one():
-    # dim 0 nested over a (outer) and c (inner), dim 1 over b: one gather over a+b+c.
-    p = _plan((2, 4, 2), [], "S(0),S(1),S(0)", "R,R,R", (9, 7))
-    after = run_and_check(p, P, ["all_gather(a+b+c)"], groups="create")
-    unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
-    assert unpack.args[2:4] == ((2, 4, 2), ((0, (0, 2)), (1, (1,))))
-    p = _plan((2, 2, 2), [], "S(0),S(1),S(2)", "R,R,R", (4, 4, 4))
-    run_and_check(p, P, ["all_gather(a+b+c)"], groups="create")
-
-
-def test_after_merge_all_gathers():
-    # merge-all-gathers first fuses the nested dim-0 gathers over c and b, then this
-    # pass fuses that block with the dim-1 gather over a.
-    p = _plan((2, 2, 2), ["b+c", "a+b+c"], "S(1),S(0),S(0)", "R,R,R", (6, 5))
-    p = run_and_check(p, MergeAllGathers, ["all_gather(b+c)", "all_gather(a)"])
-    after = run_and_check(p, P, ["all_gather(a+b+c)"])
-    unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
-    assert unpack.args[2:4] == ((2, 2, 2), ((0, (1, 2)), (1, (0,))))
-
-
-def test_partial_run_merges_where_a_group_exists():
-    # Only b+c exists: gathers of dims 2 and 1 merge, the gather of dim 0 over a stays.
-    p = _plan((2, 2, 2), ["b+c"], "S(0),S(1),S(2)", "R,R,R", (4, 4, 4))
-    run_and_check(p, P, ["all_gather(b+c)", "all_gather(a)"])
-
-
-# -- legality twins ---------------------------------------------------------------------
-
-
-def test_one_tensor_dim_not_transformed():
-    # Condition 1: a single tensor dim is merge-all-gathers' rewrite, not this one.
-    p = _plan((2, 8), ["a+b"], "S(0),S(0)", "R,R", (16, 4))
-    run_and_check(p, P, None)
-
-
-def test_not_adjacent_not_transformed():
-    # Condition 1: an all_reduce between the gathers (no reorder-collectives here).
-    p = _plan((2, 2, 2), [], "S(0),P,S(1)", "R,R,R", (4, 4))
-    assert signature(p) == ["all_gather(c)", "all_reduce[sum](b)", "all_gather(a)"]
-    run_and_check(p, P, None, groups="create")
-
-
-def test_misordered_shards_not_transformed():
+def test_misordered_shards_are_refused():
     # Condition 2, on a hand-made shard state (DTensor's greedy plans always satisfy it):
     # tensor dim 0 sharded by (b, a) but the gather unshards a then b outer-first.
-    p = _plan((2, 2), [], "S(0),S(1)", "R,R", (4, 4))
-    ctx_pass = P.__new__(P)
-    from passes.context import PassContext
-
-    ctx_pass.ctx = PassContext(mesh=p.mesh, shape=p.shape, src=p.src)
+    spec = redist_opt.MeshSpec(sizes=(2, 2), names=("a", "b"))
+    p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 4))
+    ctx_pass = P(PassContext(mesh=p.mesh, shape=p.shape, src=p.src))
     regs = S.regions(p.graph)
     good = S.ShardState({0: [0], 1: [1]})
     bad = S.ShardState({0: [0, 1], 1: []})
     assert ctx_pass._misordered(regs, good) is None
     assert "not sharded by" in ctx_pass._misordered(regs, bad)
-
-
-def test_no_group_not_transformed():
-    # Condition 3: groups="existing" and no communicator over a+b.
-    p = _plan((2, 8), [], "S(0),S(1)", "R,R", (16, 16))
-    after = run_and_check(p, P, None)
-    assert any("no process group has layout" in n for n in notes_of(after, P))
-
-
-def test_any_rank_order_serves():
-    # Condition 3: a communicator named by the (b, a) layout serves as well; it ranks
-    # its members by ascending global rank, i.e. a slowest, and unpack_blocks reads
-    # the slots in that order.
-    spec = mesh((2, 2))
-    ba = L.collapse([spec.dim_layouts[1], spec.dim_layouts[0]])
-    p = redist_opt.plan(spec.with_flattened([ba]), "S(0),S(1)", "R,R", shape=(4, 6))
-    after = run_and_check(p, P, ["all_gather(b+a)"])
-    unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
-    assert unpack.args[2:4] == ((2, 2), ((0, (0,)), (1, (1,))))
-
-
-def test_column_major_slots():
-    # A column-major 2x4 mesh: rank = c_a + 2 c_b, so a communicator over a+b lists
-    # b slowest; the slots follow that order whatever the group's layout.
-    spec = redist_opt.MeshSpec((2, 4), ("a", "b"), dim_layouts=(L.FlatLayout((2,), (1,)), L.FlatLayout((4,), (2,))))
-    assert spec.rank_order((0, 1)) == (1, 0)
-    p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 8))
-    after = run_and_check(p, P, ["all_gather(a+b)"], groups="create")
-    unpack = [n for n in after.graph.graph.nodes if n.op == "call_function"][-1]
-    assert unpack.args[2:4] == ((4, 2), ((0, (1,)), (1, (0,))))
-
-
-def test_interleaved_modes_not_transformed():
-    # Condition 3: dim a spans ranks {0,1,4,5} (layout (2,2):(4,1)), dim b steps by 2:
-    # a communicator over both lists ranks 0..7, which no order of whole dims gives.
-    spec = redist_opt.MeshSpec(
-        (4, 2), ("a", "b"), dim_layouts=(L.FlatLayout((2, 2), (4, 1)), L.FlatLayout((2,), (2,))), index_space=8
-    )
-    assert spec.rank_order((0, 1)) is None
-    p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 8))
-    run_and_check(p, P, None, groups="create")
-
-
-def test_cost_can_refuse():
-    # Condition 4: under the gloo profile (ring: 15 latency steps over 16 ranks against
-    # 7 + 1) small gathers stay separate; the default (tree) profile merges them.
-    p = _plan((2, 8), [], "S(0),S(1)", "R,R", (16, 16))
-    gloo = CostModel.profile("gloo")
-    after = run_and_check(p, P, None, groups="create", cost=gloo)
-    assert any("cheaper under the cost model" in n for n in notes_of(after, P))
-    run_and_check(p, P, ["all_gather(a+b)"], groups="create", cost=CostModel.default())
 
 
 # -- the local reassembly op -------------------------------------------------------------
@@ -200,7 +347,7 @@ def test_acceptance_2x8_one_collective(shape, dtype):
 def test_acceptance_2x8_group_is_created():
     # On the harness's 2x8 mesh a+b is the (fake) world group. On a rank-free 2 x 8
     # spec nothing exists: groups="create" creates a+b, "existing" keeps two gathers.
-    p = _plan((2, 8), [], "S(0),S(1)", "R,R", (5, 7))
+    p = redist_opt.plan(redist_opt.MeshSpec(sizes=(2, 8), names=("a", "b")), "S(0),S(1)", "R,R", shape=(5, 7))
     opt = redist_opt.optimize(p, groups="create")
     assert signature(opt) == ["all_gather(a+b)"]
     assert any("creates" in n for n in notes_of(opt, P))

@@ -1,67 +1,366 @@
-"""merge-reductions-into-all-reduce: IR in / IR out (each legality condition with a
+"""merge-reductions-into-all-reduce: IR in, IR out (each legality condition with a
 not-transformed twin), the choice by size under a profile, and execution against torch."""
 
 from __future__ import annotations
 
+import expecttest
 import pytest
 import torch
 from harness import check_case
-from pass_util import mesh, notes_of, run_and_check, signature
+from support.ir_text import assert_not_transformed, notes_of, run_pass, run_pass_notes, signature
 
 import redist_opt
 from redist_opt.ir.cost import CostModel
-from redist_opt.passes import MergeReductionsIntoAllReduce, ReorderCollectives
+from redist_opt.passes import MergeReductionsIntoAllReduce
 
 P = MergeReductionsIntoAllReduce
 DEFAULT = CostModel.default()
 GLOO = CostModel.profile("gloo")
 
 
-def _plan(sizes, flattened, src, dst, shape, dtype=torch.float32):
-    return redist_opt.plan(mesh(sizes, flattened), src, dst, shape=shape, dtype=dtype)
+def _plan(sizes, flattened, src, dst, shape):
+    spec = redist_opt.MeshSpec(sizes=sizes, names=tuple("abc"[: len(sizes)]), flattened=flattened)
+    return redist_opt.plan(spec, src, dst, shape=shape)
 
 
-def _ops(plan):
-    return [n.target.ir_name for n in plan.graph.graph.nodes if n.op == "call_function"]
+HSDP_SMALL = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 0 over a: P -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (64, 4)
+step 1 over b: P -> S(0), logical=(64, 4)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'sum', 0) : (16, 4)
+return %reduce_scatter
+"""
+HSDP_SMALL_REORDERED = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 1 over b: P -> S(0), logical=(64, 4)
+  %reduce_scatter = reduce_scatter(%x, {b 4:1}, 'sum', 0) : (16, 4)
+step 0 over a: P -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%reduce_scatter, {a 2:4}, 'sum') : (16, 4)
+return %all_reduce
+"""
+HSDP_5x3 = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (5, 3), float32
+mesh flattened=[a+b]
+%x : (5, 3)
+step 0 over a: P -> R, logical=(5, 3)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (5, 3)
+step 1 over b: P -> S(0), logical=(5, 3)
+  %pad_nested = pad_nested(%all_reduce, 0, (4,)) : (8, 3)
+  %reduce_scatter = reduce_scatter(%pad_nested, {b 4:1}, 'sum', 0) : (2, 3)
+  %narrow = narrow(%reduce_scatter, 0, 0, chunk(5,4,c_b)) : (chunk(5,4,c_b), 3)
+return %narrow
+"""
+HSDP_0x4 = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (0, 4), float32
+mesh flattened=[a+b]
+%x : (0, 4)
+step 0 over a: P -> R, logical=(0, 4)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (0, 4)
+step 1 over b: P -> S(0), logical=(0, 4)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'sum', 0) : (0, 4)
+return %reduce_scatter
+"""
+HSDP_3 = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (3,), float32
+mesh flattened=[a+b]
+%x : (3)
+step 0 over a: P -> R, logical=(3)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (3)
+step 1 over b: P -> S(0), logical=(3)
+  %pad_nested = pad_nested(%all_reduce, 0, (4,)) : (4)
+  %reduce_scatter = reduce_scatter(%pad_nested, {b 4:1}, 'sum', 0) : (1)
+  %narrow = narrow(%reduce_scatter, 0, 0, chunk(3,4,c_b)) : (chunk(3,4,c_b))
+return %narrow
+"""
+HSDP_1x7 = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (1, 7), float32
+mesh flattened=[a+b]
+%x : (1, 7)
+step 0 over a: P -> R, logical=(1, 7)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (1, 7)
+step 1 over b: P -> S(0), logical=(1, 7)
+  %pad_nested = pad_nested(%all_reduce, 0, (4,)) : (4, 7)
+  %reduce_scatter = reduce_scatter(%pad_nested, {b 4:1}, 'sum', 0) : (1, 7)
+  %narrow = narrow(%reduce_scatter, 0, 0, chunk(1,4,c_b)) : (chunk(1,4,c_b), 7)
+return %narrow
+"""
+TWO_SCATTERS = """\
+redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (6, 5), float32
+%x : (6, 5)
+step 0 over a: P -> R, logical=(6, 5)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (6, 5)
+step 1 over b: P -> S(0), logical=(6, 5)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 2:2}, 'sum', 0) : (3, 5)
+step 2 over c: P -> S(1), logical=(6, 5)
+  %pad_nested = pad_nested(%reduce_scatter, 1, (2,)) : (3, 6)
+  %reduce_scatter_1 = reduce_scatter(%pad_nested, {c 2:1}, 'sum', 1) : (3, 3)
+  %narrow = narrow(%reduce_scatter_1, 1, 0, chunk(5,2,c_c)) : (3, chunk(5,2,c_c))
+return %narrow
+"""
+AVG = """\
+redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a: P(avg) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'avg') : (16)
+step 1 over b: P(avg) -> S(0), logical=(16)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'avg', 0) : (4)
+return %reduce_scatter
+"""
+MAX = """\
+redistribute [P(max), P(max)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a: P(max) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'max') : (16)
+step 1 over b: P(max) -> S(0), logical=(16)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'max', 0) : (4)
+return %reduce_scatter
+"""
+MIN = """\
+redistribute [P(min), P(min)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a: P(min) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'min') : (16)
+step 1 over b: P(min) -> S(0), logical=(16)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'min', 0) : (4)
+return %reduce_scatter
+"""
+ONLY_ALL_REDUCES = """\
+redistribute [P, P] -> [R, R] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a: P -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (16)
+step 1 over b: P -> R, logical=(16)
+  %all_reduce_1 = all_reduce(%all_reduce, {b 4:1}, 'sum') : (16)
+return %all_reduce_1
+"""
+AVG_64x4 = """\
+redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 0 over a: P(avg) -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'avg') : (64, 4)
+step 1 over b: P(avg) -> S(0), logical=(64, 4)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'avg', 0) : (16, 4)
+return %reduce_scatter
+"""
+INT_AVG_64x4 = """\
+redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), int64
+mesh flattened=[a+b]
+%x : (64, 4)
+step 0 over a: P(avg) -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'avg') : (64, 4)
+step 1 over b: P(avg) -> S(0), logical=(64, 4)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'avg', 0) : (16, 4)
+return %reduce_scatter
+"""
+SINGLE_REDUCE_SCATTER = """\
+redistribute [R, P] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over b: P -> S(0), logical=(16)
+  %reduce_scatter = reduce_scatter(%x, {b 4:1}, 'sum', 0) : (4)
+return %reduce_scatter
+"""
+# an all_gather between the reductions (no reorder-collectives here)
+GATHER_BETWEEN = """\
+redistribute [P, S(1), P] -> [R, R, S(0)] on mesh (a=2,b=2,c=2), shape (8, 8), float32
+%x : (8, 4)
+step 0 over c: P -> S(0), logical=(8, 4)
+  %reduce_scatter = reduce_scatter(%x, {c 2:1}, 'sum', 0) : (4, 4)
+step 1 over b: S(1) -> R, logical=(8, 8)
+  %all_gather = all_gather(%reduce_scatter, {b 2:2}, 1) : (4, 8)
+step 2 over a: P -> R, logical=(8, 8)
+  %all_reduce = all_reduce(%all_gather, {a 2:4}, 'sum') : (4, 8)
+return %all_reduce
+"""
+HSDP_NO_GROUP = """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+%x : (16)
+step 0 over a: P -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (16)
+step 1 over b: P -> S(0), logical=(16)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 4:1}, 'sum', 0) : (4)
+return %reduce_scatter
+"""
+# Only a+b exists on 2x2x2: AR(a), RS(b), RS(c)
+AR_RS_RS_AB_EXISTS = """\
+redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (16, 4), float32
+mesh flattened=[a+b]
+%x : (16, 4)
+step 0 over a: P -> R, logical=(16, 4)
+  %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (16, 4)
+step 1 over b: P -> S(0), logical=(16, 4)
+  %reduce_scatter = reduce_scatter(%all_reduce, {b 2:2}, 'sum', 0) : (8, 4)
+step 2 over c: P -> S(1), logical=(16, 4)
+  %reduce_scatter_1 = reduce_scatter(%reduce_scatter, {c 2:1}, 'sum', 1) : (8, 2)
+return %reduce_scatter_1
+"""
 
 
-# -- the rewrite ----------------------------------------------------------------------
+class TestMergeReductionsIntoAllReduce(expecttest.TestCase):
+    # -- the rewrite --------------------------------------------------------------------
 
+    def test_hsdp_small_is_one_all_reduce(self):
+        self.assertExpectedInline(run_pass(HSDP_SMALL, P, cost=DEFAULT), """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 0 over a+b: P -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (64, 4)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(64, 4)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk""")
+        self.assertExpectedInline(run_pass_notes(HSDP_SMALL, P, cost=DEFAULT), """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) -> all_reduce(a+b), chunk(b): merged: one all_reduce 22.0us vs 28.0us under the nccl cost model (more bytes, fewer launches); existing group""")
 
-def test_hsdp_small_is_one_all_reduce():
-    p = _plan((2, 4), ["a+b"], "P,P", "R,S(0)", (64, 4))
-    assert signature(p) == ["all_reduce[sum](a)", "reduce_scatter[sum](b)"]
-    after = run_and_check(p, P, ["all_reduce[sum](a+b)"], cost=DEFAULT)
-    assert _ops(after) == ["all_reduce", "select_chunk"]
-    assert any("more bytes, fewer launches" in n for n in notes_of(after, P))
+    def test_after_reorder_too(self):
+        self.assertExpectedInline(run_pass(HSDP_SMALL_REORDERED, P, cost=DEFAULT), """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 1 over a+b: P -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (64, 4)  # <- %reduce_scatter, %all_reduce
+step 1 over b: R -> S(0), logical=(64, 4)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %reduce_scatter, %all_reduce
+return %select_chunk""")
 
+    def test_uneven_and_zero_size_chunks(self):
+        # Condition 4: select_chunk is torch.chunk with trailing empty chunks.
+        outs = [run_pass(t, P, cost=DEFAULT) for t in (HSDP_5x3, HSDP_0x4, HSDP_3, HSDP_1x7)]
+        self.assertExpectedInline("\n\n".join(outs), """\
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (5, 3), float32
+mesh flattened=[a+b]
+%x : (5, 3)
+step 0 over a+b: P -> R, logical=(5, 3)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (5, 3)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(5, 3)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (chunk(5,4,c_b), 3)  # <- %all_reduce, %reduce_scatter
+return %select_chunk
 
-def test_after_reorder_too():
-    p = _plan((2, 4), ["a+b"], "P,P", "R,S(0)", (64, 4))
-    p = run_and_check(p, ReorderCollectives, ["reduce_scatter[sum](b)", "all_reduce[sum](a)"], cost=DEFAULT)
-    after = run_and_check(p, P, ["all_reduce[sum](a+b)"], cost=DEFAULT)
-    assert _ops(after) == ["all_reduce", "select_chunk"]
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (0, 4), float32
+mesh flattened=[a+b]
+%x : (0, 4)
+step 0 over a+b: P -> R, logical=(0, 4)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (0, 4)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(0, 4)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (0, 4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk
 
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (3,), float32
+mesh flattened=[a+b]
+%x : (3)
+step 0 over a+b: P -> R, logical=(3)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (3)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(3)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (chunk(3,4,c_b))  # <- %all_reduce, %reduce_scatter
+return %select_chunk
 
-@pytest.mark.parametrize("shape", [(5, 3), (0, 4), (3,), (1, 7)])
-def test_uneven_and_zero_size_chunks(shape):
-    # Condition 4: select_chunk is torch.chunk with trailing empty chunks.
-    p = _plan((2, 4), ["a+b"], "P,P", "R,S(0)", shape)
-    after = run_and_check(p, P, ["all_reduce[sum](a+b)"], cost=DEFAULT)
-    assert _ops(after) == ["all_reduce", "select_chunk"]
+redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (1, 7), float32
+mesh flattened=[a+b]
+%x : (1, 7)
+step 0 over a+b: P -> R, logical=(1, 7)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (1, 7)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(1, 7)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (chunk(1,4,c_b), 7)  # <- %all_reduce, %reduce_scatter
+return %select_chunk""")
 
+    def test_two_scatters_keep_shard_order(self):
+        self.assertExpectedInline(run_pass(TWO_SCATTERS, P, groups="create", cost=DEFAULT), """\
+redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (6, 5), float32
+%x : (6, 5)
+step 0 over a+b+c: P -> R, logical=(6, 5)
+  %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (6, 5)  # <- %all_reduce, %reduce_scatter, %reduce_scatter_1
+step 1 over b: R -> S(0), logical=(6, 5)
+  %select_chunk = select_chunk(%all_reduce, 0, 2, c_b) : (3, 5)  # <- %all_reduce, %reduce_scatter, %reduce_scatter_1
+step 2 over c: R -> S(1), logical=(6, 5)
+  %select_chunk_1 = select_chunk(%select_chunk, 1, 2, c_c) : (3, chunk(5,2,c_c))  # <- %all_reduce, %reduce_scatter, %reduce_scatter_1
+return %select_chunk_1""")
 
-def test_two_scatters_keep_shard_order():
-    p = _plan((2, 2, 2), [], "P,P,P", "R,S(0),S(1)", (6, 5))
-    after = run_and_check(p, P, ["all_reduce[sum](a+b+c)"], groups="create", cost=DEFAULT)
-    chunks = [n.args[1:3] for n in after.graph.graph.nodes if getattr(n.target, "ir_name", "") == "select_chunk"]
-    assert chunks == [(0, 2), (1, 2)]
+    def test_other_reduce_ops(self):
+        outs = [run_pass(t, P, cost=DEFAULT) for t in (AVG, MAX, MIN)]
+        self.assertExpectedInline("\n\n".join(outs), """\
+redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a+b: P(avg) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'avg') : (16)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(16)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk
 
+redistribute [P(max), P(max)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a+b: P(max) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'max') : (16)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(16)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk
 
-@pytest.mark.parametrize("op", ["avg", "max", "min"])
-def test_other_reduce_ops(op):
-    p = _plan((2, 4), ["a+b"], f"P({op}),P({op})", "R,S(0)", (16,))
-    run_and_check(p, P, [f"all_reduce[{op}](a+b)"], cost=DEFAULT)
+redistribute [P(min), P(min)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
+mesh flattened=[a+b]
+%x : (16)
+step 0 over a+b: P(min) -> R, logical=(16)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'min') : (16)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(16)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk""")
+
+    # -- legality twins -------------------------------------------------------------------
+
+    def test_only_all_reduces_not_transformed(self):
+        # Condition 1: no reduce_scatter in the run (merge-reductions' rewrite).
+        self.assertExpectedInline(assert_not_transformed(ONLY_ALL_REDUCES, P, cost=DEFAULT), """""")
+
+    def test_float_avg_transformed(self):
+        # Condition 1: the float twin of the integer case below.
+        self.assertExpectedInline(run_pass(AVG_64x4, P, cost=DEFAULT), """\
+redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
+mesh flattened=[a+b]
+%x : (64, 4)
+step 0 over a+b: P(avg) -> R, logical=(64, 4)
+  %all_reduce = all_reduce(%x, {a+b 8:1}, 'avg') : (64, 4)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(64, 4)
+  %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %all_reduce, %reduce_scatter
+return %select_chunk""")
+
+    def test_integer_avg_not_transformed(self):
+        # Condition 1: on integers each avg truncates.
+        self.assertExpectedInline(assert_not_transformed(INT_AVG_64x4, P, cost=DEFAULT), """""")
+
+    def test_single_reduce_scatter_not_transformed(self):
+        # Condition 1: one collective alone is never replaced by a fatter one.
+        self.assertExpectedInline(assert_not_transformed(SINGLE_REDUCE_SCATTER, P, cost=DEFAULT), """""")
+
+    def test_not_adjacent_not_transformed(self):
+        # Condition 1
+        self.assertExpectedInline(assert_not_transformed(GATHER_BETWEEN, P, groups="create", cost=DEFAULT), """""")
+
+    def test_no_group_not_transformed(self):
+        # Condition 3: groups="existing" and no communicator over a+b.
+        self.assertExpectedInline(assert_not_transformed(HSDP_NO_GROUP, P, cost=DEFAULT), """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) as one all_reduce: not merged: no process group has layout 8:1 (groups=existing)""")
+
+    def test_cheapest_split(self):
+        # The block AR(a) + RS(b) becomes one all_reduce, RS(c) stays (no group for a block with c).
+        self.assertExpectedInline(run_pass(AR_RS_RS_AB_EXISTS, P, cost=DEFAULT), """\
+redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (16, 4), float32
+mesh flattened=[a+b]
+%x : (16, 4)
+step 0 over a+b: P -> R, logical=(16, 4)
+  %all_reduce = all_reduce(%x, {a+b 4:2}, 'sum') : (16, 4)  # <- %all_reduce, %reduce_scatter
+step 1 over b: R -> S(0), logical=(16, 4)
+  %select_chunk = select_chunk(%all_reduce, 0, 2, c_b) : (8, 4)  # <- %all_reduce, %reduce_scatter
+step 2 over c: P -> S(1), logical=(16, 4)
+  %reduce_scatter = reduce_scatter(%select_chunk, {c 2:1}, 'sum', 1) : (8, 2)
+return %reduce_scatter""")
 
 
 # -- choice by size (condition 5), through the whole pipeline --------------------------
@@ -95,48 +394,6 @@ def test_launch_bound_profile_moves_the_crossover():
     launchy = CostModel(name="launchy", launch=1e-2, alpha_intra=0.0, bw_intra=1e9, algorithm="tree")
     assert signature(_opt((1 << 20,), launchy)) == ["all_reduce[sum](a+b)"]
     assert signature(_opt((1 << 22,), launchy)) == RS_AR
-
-
-# -- legality twins ---------------------------------------------------------------------
-
-
-def test_only_all_reduces_not_transformed():
-    # Condition 1: no reduce_scatter in the run (merge-reductions' rewrite).
-    run_and_check(_plan((2, 4), ["a+b"], "P,P", "R,R", (16,)), P, None, cost=DEFAULT)
-
-
-def test_integer_avg_not_transformed():
-    # Condition 1: on integers each avg truncates; the float twin is transformed.
-    run_and_check(_plan((2, 4), ["a+b"], "P(avg),P(avg)", "R,S(0)", (64, 4)), P, ["all_reduce[avg](a+b)"], cost=DEFAULT)
-    p = _plan((2, 4), ["a+b"], "P(avg),P(avg)", "R,S(0)", (64, 4), dtype=torch.int64)
-    run_and_check(p, P, None, cost=DEFAULT)
-
-
-def test_single_reduce_scatter_not_transformed():
-    # Condition 1: one collective alone is never replaced by a fatter one.
-    run_and_check(_plan((2, 4), ["a+b"], "R,P", "R,S(0)", (16,)), P, None, cost=DEFAULT)
-
-
-def test_not_adjacent_not_transformed():
-    # Condition 1: an all_gather between the reductions (no reorder-collectives here).
-    p = _plan((2, 2, 2), [], "P,S(1),P", "R,R,S(0)", (8, 8))
-    assert signature(p) == ["reduce_scatter[sum](c)", "all_gather(b)", "all_reduce[sum](a)"]
-    run_and_check(p, P, None, groups="create", cost=DEFAULT)
-
-
-def test_no_group_not_transformed():
-    # Condition 3: groups="existing" and no communicator over a+b.
-    after = run_and_check(_plan((2, 4), [], "P,P", "R,S(0)", (16,)), P, None, cost=DEFAULT)
-    assert any("no process group has layout" in n for n in notes_of(after, P))
-
-
-def test_cheapest_split():
-    # Only a+b exists on 2x2x2: of AR(a), RS(b), RS(c) the block AR(a) + RS(b) becomes
-    # one all_reduce, RS(c) stays (no group for a block with c).
-    p = _plan((2, 2, 2), ["a+b"], "P,P,P", "R,S(0),S(1)", (16, 4))
-    assert signature(p) == ["all_reduce[sum](a)", "reduce_scatter[sum](b)", "reduce_scatter[sum](c)"]
-    after = run_and_check(p, P, ["all_reduce[sum](a+b)", "reduce_scatter[sum](c)"], cost=DEFAULT)
-    assert _ops(after)[:2] == ["all_reduce", "select_chunk"]
 
 
 # -- execution against torch ------------------------------------------------------------

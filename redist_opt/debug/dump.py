@@ -95,6 +95,11 @@ from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.placements import placement_str, placements_str
 from redist_opt.debug.visualize import plan_to_dot
+from redist_opt.ir.text import arg_str as _arg_str
+from redist_opt.ir.text import dtype_str as _dtype_str
+from redist_opt.ir.text import format_graph, format_plan
+from redist_opt.ir.text import head as _head
+from redist_opt.ir.text import note_str as _note_str
 
 __all__ = [
     "format_plan",
@@ -120,85 +125,7 @@ DUMP_PASSES_ENV = "REDIST_OPT_DUMP_PASSES"
 DEFAULT_RANK_LIMIT = 2
 
 
-# -- plain plan dumps ------------------------------------------------------------
-
-
-def _arg_str(a, names) -> str:
-    if isinstance(a, sym.sympy.Basic):
-        return sym.expr_str(a, names)
-    if hasattr(a, "layout") and hasattr(a, "dims"):
-        return "{" + "+".join(names.get(d, str(d)) for d in a.dims) + f" {L.format_layout(a.layout)}" + "}"
-    if isinstance(a, tuple):
-        inner = ", ".join(_arg_str(x, names) for x in a)
-        return f"({inner},)" if len(a) == 1 else f"({inner})"
-    if isinstance(a, list):
-        return "[" + ", ".join(_arg_str(x, names) for x in a) + "]"
-    return repr(a) if isinstance(a, str) else str(a)
-
-
-def format_graph(plan) -> str:
-    """One line per IR op: ``%name = op(args) : (local shape)  # <- %provenance``."""
-    names = plan.mesh.dim_names_by_index()
-    lines = []
-    for node in plan.graph.graph.nodes:
-        if node.op == "placeholder":
-            shape = ", ".join(sym.expr_str(s, names) for s in node.meta["shape"])
-            lines.append(f"%{node.name} : ({shape})")
-        elif node.op == "output":
-            lines.append(f"return %{node.args[0].name}")
-        else:
-            args = ", ".join(_arg_str(a, names) for a in node.args[1:])
-            shape = ", ".join(sym.expr_str(s, names) for s in node.meta["shape"])
-            line = f"%{node.name} = {ir.ir_name(node)}(%{node.args[0].name}, {args}) : ({shape})"
-            src = ir.from_nodes(node)
-            if src:
-                line += "  # <- " + ", ".join("%" + s for s in src)
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def _head(plan) -> str:
-    return (
-        f"redistribute {placements_str(plan.src)} -> {placements_str(plan.dst)} "
-        f"on mesh ({plan.mesh.shape_str}), shape {tuple(plan.shape)}, {_dtype_str(plan.dtype)}"
-    )
-
-
-def _dtype_str(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def format_plan(plan) -> str:
-    """The plan as text (``str(plan)``): request, collectives, passes and notes, IR."""
-    head = _head(plan)
-    if plan.fallback:
-        return head + f"\n  runs through torch's own path: {plan.fallback_reason}"
-    colls = plan.collectives()
-    lines = [head, f"  {len(colls)} collective(s), {plan.bytes_per_rank} bytes in per rank (max)"]
-    for c in colls:
-        op = f" {c.reduce_op}" if c.reduce_op else ""
-        lines.append(
-            f"  - {c.kind}{op} over {c.group.name(plan.mesh)} "
-            f"[{L.format_layout(c.group.layout)}], {c.bytes_in} B in"
-        )
-    if plan.applied_passes:
-        lines.append("  passes that changed the plan: " + ", ".join(plan.applied_passes))
-    if plan.cost_profile:
-        lines.append(f"  cost model: {plan.cost_profile}")
-    for note in plan.notes:
-        lines.append("  " + _note_str({"pass": note.pass_name, "made": note.made, "what": note.what, "reason": note.reason}))
-    lines.append(format_graph(plan))
-    return "\n".join(lines)
-
-
 # -- explain ---------------------------------------------------------------------
-
-
-def _note_str(note: dict) -> str:
-    """``+ [pass] what: reason`` for a rewrite made, ``- [pass] what: not made: reason`` otherwise."""
-    if note["made"]:
-        return f"+ [{note['pass']}] {note['what']}: {note['reason']}"
-    return f"- [{note['pass']}] {note['what']}: not made: {note['reason']}"
 
 
 def format_bytes(n: int | None) -> str:

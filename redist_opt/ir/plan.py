@@ -20,6 +20,7 @@ from redist_opt import ir
 from redist_opt.ir.lower import check_transition, greedy_steps, lower_steps, unsupported_reason
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import RedistributeError, normalize_placements
+from redist_opt.ir.text import format_plan
 
 __all__ = ["Plan", "make_plan", "Collective", "Note"]
 
@@ -115,8 +116,6 @@ class Plan:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        from redist_opt.debug.dump import format_plan
-
         return format_plan(self)
 
 

@@ -1,0 +1,249 @@
+"""The IR as text: the printer (``str(plan)``, explain's IR, and the parseable text).
+
+:func:`format_ir` prints everything the passes read; ``redist_opt.ir.parse.parse_ir``
+reads it back into a :class:`~redist_opt.ir.plan.Plan` that prints the same and
+behaves the same under every pass (the parser sits above ``plan``, this printer
+below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, IR out)::
+
+    redistribute [P, P, P] -> [R, S(0), R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
+    mesh flattened=[a+c]
+    %x : (8, 4)
+    step 0 over b: P -> S(0), logical=(8, 4)
+      %reduce_scatter = reduce_scatter(%x, {b 2:2}, 'sum', 0) : (4, 4)
+    step 1 over a+c: P -> R, logical=(8, 4)
+      %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1
+    return %all_reduce
+
+* Line 1 is the request (what ``str(plan)`` starts with): source and destination
+  placements, the mesh's dim names and sizes, the global shape, the dtype.
+* ``mesh ...`` (only when any is set): ``flattened=[...]`` groups that exist (dim
+  names joined by ``+``, or a CuTe layout), ``backend=``, and for meshes that are
+  not row-major ``layouts=[...]`` (one per dim), ``index_space=``, ``ranks_ascending=``.
+* ``step INDEX over DIMS: SRC -> DST, logical=(...)[, avg_scale=N][, variant=NAME(...)]``
+  opens the region of one planner step (:class:`~redist_opt.ir.StepInfo`); the
+  indented ops below it implement that step. ``variant=`` names a step variant
+  (:data:`STEP_VARIANTS`): ``split_all_to_all(b: S(2))`` (mesh dims ``b``, the last
+  of the step's, shard ``S(2)`` instead of DST) and ``gather_blocks(0: a, 1: b)``
+  (tensor dim 0 gathered over ``a``, 1 over ``b``).
+* Op lines are :func:`format_graph`'s: ``%name = op(%input, args) : (local shape)``,
+  then ``  # <- %a, %b`` for the nodes a pass rewrote into this one. Groups are
+  ``{dims layout}``; sizes are expressions in the mesh coordinates ``c_<dim name>``
+  (``chunk(5,2,c_a)``, ``ceildiv(x,n)``). The shape after ``:`` may be left out of
+  hand-written text: the parser derives it (and checks it when given).
+* ``fallback: REASON`` replaces the graph of a plan that runs through torch.
+
+Lines starting with ``#`` are comments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.fx as fx
+
+from redist_opt.ir import layout as L
+from redist_opt.ir import ops
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.placements import parse_placement, placement_str, placements_str
+
+__all__ = [
+    "format_graph",
+    "format_plan",
+    "format_ir",
+    "arg_str",
+    "shape_str",
+    "head",
+    "note_str",
+    "dtype_str",
+    "STEP_VARIANTS",
+    "register_step_variant",
+]
+
+
+# -- the op lines (shared by explain and the parseable text) -----------------------
+
+
+def arg_str(a, names) -> str:
+    """One IR op argument as text: expressions, groups ``{a+c (2,2):(4,1)}``, tuples."""
+    if isinstance(a, sym.sympy.Basic):
+        return sym.expr_str(a, names)
+    if isinstance(a, MeshGroup):
+        return "{" + "+".join(names.get(d, str(d)) for d in a.dims) + f" {L.format_layout(a.layout)}" + "}"
+    if isinstance(a, tuple):
+        inner = ", ".join(arg_str(x, names) for x in a)
+        return f"({inner},)" if len(a) == 1 else f"({inner})"
+    if isinstance(a, list):
+        return "[" + ", ".join(arg_str(x, names) for x in a) + "]"
+    return repr(a) if isinstance(a, str) else str(a)
+
+
+def shape_str(shape, names) -> str:
+    return "(" + ", ".join(sym.expr_str(s, names) for s in shape) + ")"
+
+
+def _node_line(node: fx.Node, names) -> str:
+    if node.op == "placeholder":
+        return f"%{node.name} : {shape_str(node.meta['shape'], names)}"
+    if node.op == "output":
+        return f"return %{node.args[0].name}"
+    args = ", ".join(arg_str(a, names) for a in node.args[1:])
+    shape = shape_str(node.meta["shape"], names)
+    line = f"%{node.name} = {ops.ir_name(node)}(%{node.args[0].name}, {args}) : {shape}"
+    src = ops.from_nodes(node)
+    if src:
+        line += "  # <- " + ", ".join("%" + s for s in src)
+    return line
+
+
+def format_graph(plan) -> str:
+    """One line per IR op: ``%name = op(args) : (local shape)  # <- %provenance``."""
+    names = plan.mesh.dim_names_by_index()
+    return "\n".join(_node_line(node, names) for node in plan.graph.graph.nodes)
+
+
+# -- str(plan) ---------------------------------------------------------------------
+
+
+def dtype_str(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def head(plan) -> str:
+    """The request line: ``redistribute SRC -> DST on mesh (...), shape (...), dtype``."""
+    return (
+        f"redistribute {placements_str(plan.src)} -> {placements_str(plan.dst)} "
+        f"on mesh ({plan.mesh.shape_str}), shape {tuple(plan.shape)}, {dtype_str(plan.dtype)}"
+    )
+
+
+def note_str(note: dict) -> str:
+    """``+ [pass] what: reason`` for a rewrite made, ``- [pass] what: not made: reason`` otherwise."""
+    if note["made"]:
+        return f"+ [{note['pass']}] {note['what']}: {note['reason']}"
+    return f"- [{note['pass']}] {note['what']}: not made: {note['reason']}"
+
+
+def format_plan(plan) -> str:
+    """The plan as text (``str(plan)``): request, collectives, passes and notes, IR."""
+    lines = [head(plan)]
+    if plan.fallback:
+        return lines[0] + f"\n  runs through torch's own path: {plan.fallback_reason}"
+    colls = plan.collectives()
+    lines.append(f"  {len(colls)} collective(s), {plan.bytes_per_rank} bytes in per rank (max)")
+    for c in colls:
+        op = f" {c.reduce_op}" if c.reduce_op else ""
+        lines.append(
+            f"  - {c.kind}{op} over {c.group.name(plan.mesh)} "
+            f"[{L.format_layout(c.group.layout)}], {c.bytes_in} B in"
+        )
+    if plan.applied_passes:
+        lines.append("  passes that changed the plan: " + ", ".join(plan.applied_passes))
+    if plan.cost_profile:
+        lines.append(f"  cost model: {plan.cost_profile}")
+    for n in plan.notes:
+        lines.append("  " + note_str({"pass": n.pass_name, "made": n.made, "what": n.what, "reason": n.reason}))
+    lines.append(format_graph(plan))
+    return "\n".join(lines)
+
+
+# -- step variants -----------------------------------------------------------------
+
+# A step variant prints as one more field of its step line: ``variant=NAME(ITEM, ...)``.
+# name -> (is_variant(step), items(step, mesh) -> [ITEM text], build(fields, items, mesh)),
+# where ``build`` gets the parsed plain-step fields and the items as (key, value) texts
+# and returns the StepInfo (``redist_opt.ir.parse.build_step``).
+STEP_VARIANTS: dict[str, tuple[Callable, Callable, Callable | None]] = {}
+
+
+def register_step_variant(name: str, is_variant: Callable, items: Callable, build: Callable | None) -> None:
+    """Declare how a step variant prints (``variant=name(items)``) and parses (``build``)."""
+    STEP_VARIANTS[name] = (is_variant, items, build)
+
+
+def dims_str(dims, mesh: MeshSpec) -> str:
+    return "+".join(mesh.dim_name(d) for d in dims)
+
+
+# Two all_to_alls merged (``StepInfo.also``): ``b: S(2)``, the trailing mesh dims b of
+# the step shard S(2) instead of its dst.
+register_step_variant(
+    "split_all_to_all",
+    lambda step: bool(step.also),
+    lambda step, mesh: [f"{dims_str(dims, mesh)}: {placement_str(p)}" for dims, p in step.also],
+    lambda fields, items, mesh: ops.StepInfo(
+        **fields, also=tuple((mesh.dims_of(k), parse_placement(v)) for k, v in items)
+    ),
+)
+# One all_gather of several tensor dims (a step with ``parts``, made by
+# merge-gathers-across-dims): ``0: a`` gathers tensor dim 0 over mesh dims a. The
+# step class lives with its pass, which registers ``build``.
+register_step_variant(
+    "gather_blocks",
+    lambda step: bool(getattr(step, "parts", None)),
+    lambda step, mesh: [f"{t}: {dims_str(dims, mesh)}" for t, dims in step.parts],
+    None,
+)
+
+
+# -- the parseable text ------------------------------------------------------------
+
+
+def _step_line(step: ops.StepInfo, mesh: MeshSpec, names) -> str:
+    line = (
+        f"step {step.index} over {dims_str(step.mesh_dims, mesh)}: "
+        f"{placement_str(step.src)} -> {placement_str(step.dst)}, "
+        f"logical={shape_str(step.logical_shape, names)}"
+    )
+    if step.avg_scale != 1:
+        line += f", avg_scale={step.avg_scale}"
+    for name, (is_variant, items, _) in STEP_VARIANTS.items():
+        if is_variant(step):
+            line += f", variant={name}(" + ", ".join(items(step, mesh)) + ")"
+            break
+    else:
+        if type(step) is not ops.StepInfo:
+            raise TypeError(f"step {step} is a {type(step).__name__}: no printer (register_step_variant)")
+    return line
+
+
+def _mesh_line(mesh: MeshSpec) -> str | None:
+    items = []
+    if mesh.flattened:
+        flat = [L.format_layout(g) if isinstance(g, L.FlatLayout) else dims_str(mesh.dims_of(g), mesh)
+                for g in mesh.flattened]
+        items.append("flattened=[" + ", ".join(flat) + "]")
+    if mesh.backend is not None:
+        items.append(f"backend={mesh.backend}")
+    if tuple(mesh.dim_layouts) != tuple(L.row_major_dim_layouts(mesh.sizes)):
+        items.append("layouts=[" + ", ".join(L.format_layout(x) for x in mesh.dim_layouts) + "]")
+    if mesh.index_space != mesh.num_ranks:
+        items.append(f"index_space={mesh.index_space}")
+    if not mesh.ranks_ascending:
+        items.append("ranks_ascending=False")
+    return "mesh " + " ".join(items) if items else None
+
+
+def format_ir(plan) -> str:
+    """The plan as parseable IR text (see the module docstring); ``ir.parse.parse_ir`` reads it."""
+    mesh = plan.mesh
+    names = mesh.dim_names_by_index()
+    lines = [head(plan)]
+    mesh_line = _mesh_line(mesh)
+    if mesh_line:
+        lines.append(mesh_line)
+    if plan.graph is None:
+        lines.append(f"fallback: {plan.fallback_reason}")
+        return "\n".join(lines)
+    step = None
+    for node in plan.graph.graph.nodes:
+        if node.op == "call_function":
+            s = node.meta.get("step")
+            if s is not step:
+                step = s
+                if s is not None:
+                    lines.append(_step_line(s, mesh, names))
+            lines.append(("  " if s is not None else "") + _node_line(node, names))
+        else:
+            lines.append(_node_line(node, names))
+    return "\n".join(lines)
