@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import graph_pass_programs as P
-from redist_opt.graph.agreement import AGREEMENT_TIMEOUT_S
 
 # Read by with_extra(): changed on one rank only, it makes Dynamo recompile there only.
 EXTRA = 0
@@ -127,7 +126,3 @@ def pipeline_stages(rank: int, world: int) -> dict:
         assert torch.equal(_compile(fn, x, rec), ref), f"rank {rank}: {step} output differs"
         out[step] = _row(rec.graphs[-1])
     return out
-
-
-def timeout_s() -> float:
-    return AGREEMENT_TIMEOUT_S

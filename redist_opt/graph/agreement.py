@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch.distributed as dist
 
@@ -59,10 +59,6 @@ class Agreement:
     key: str
     ranks: tuple[int, ...]
     facts: list
-
-
-# requests -> per request: every asked rank's facts (in ``ranks`` order), or a reason
-Exchange = Callable[[Sequence[Agreement]], list]
 
 
 def _op_fingerprint(op: ChainOp) -> tuple:

@@ -161,9 +161,10 @@ def optimize_graph(
     ``groups``: "existing" (only process groups that exist) or "create"
     (flattened groups created at compile time, in graph order).
     ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.
-    ``all_gather``: how ranks agree on the mesh dims of constant-index slices
-    (default: through the default group's store, scoped to the ranks compiling the
-    same program and bounded in time; see :mod:`redist_opt.graph.agreement`).
+    ``all_gather``: how ranks agree on the mesh dims of constant-index slices,
+    ``all_gather(facts) -> every rank's facts, or a reason string``, called once per
+    chain that needs it (default: through the default group's store, among the ranks
+    compiling the same program, bounded in time; see :mod:`redist_opt.graph.agreement`).
     """
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
