@@ -16,6 +16,7 @@ import json
 import os
 import random
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -176,11 +177,17 @@ def local_input(name: str, shape, rank: int, requires_grad=False) -> torch.Tenso
 # -- compiling --------------------------------------------------------------------------------
 
 
-class Recorder:
-    """A small aot_autograd backend: counts collectives, runs the pass, runs graphs eagerly."""
+class PassDone(Exception):
+    """Raised by a ``Recorder(stop_after_pass=True)`` backend once the pass has run."""
 
-    def __init__(self, *, apply_pass=True, **options) -> None:
-        self.apply_pass, self.options = apply_pass, options
+
+class Recorder:
+    """A small aot_autograd backend: counts collectives, runs the pass (timing it), runs
+    graphs eagerly; with ``stop_after_pass`` it raises :class:`PassDone` instead of
+    returning a compiled graph, so nothing runs (a compile on one rank only)."""
+
+    def __init__(self, *, apply_pass=True, stop_after_pass=False, **options) -> None:
+        self.apply_pass, self.stop_after_pass, self.options = apply_pass, stop_after_pass, options
         self.graphs: list[dict] = []
 
     def backend(self):
@@ -190,13 +197,17 @@ class Recorder:
         def compiler(gm, example_inputs):
             entry = {"before": count_collectives(gm), "code_before": gm.code}
             if self.apply_pass:
+                start = time.perf_counter()
                 result = optimize_graph(gm, **self.options)
+                entry["pass_seconds"] = time.perf_counter() - start
                 entry["explain"] = result.explain()
                 entry["modified"] = result.modified
                 entry["moved"] = [(c.rewritten, c.reason) for c in result.chains]
             entry["after"] = count_collectives(gm)
             entry["code_after"] = gm.code
             self.graphs.append(entry)
+            if self.stop_after_pass:
+                raise PassDone
             return make_boxed_func(gm.forward)
 
         return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
-from redist_opt.graph.raise_chains import mesh_contexts
+from redist_opt.graph.mesh_groups import mesh_contexts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

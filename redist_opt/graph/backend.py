@@ -29,9 +29,13 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
+import torch.distributed as dist
 import torch.fx as fx
 
 from redist_opt.api.core import _check_groups, _warn_once, enabled, meshes_seen, recording_meshes
+from redist_opt.debug.dump import dump_dir_from_env
+from redist_opt.graph import graph_pass
+from redist_opt.ir import layout as L
 
 __all__ = ["backend", "collectives", "describe_collectives"]
 
@@ -127,14 +131,12 @@ class _RedistOptBackend:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
         if not self.graph_pass:
             return
-        from redist_opt.graph.graph_pass import optimize_graph
-
         snapshot = fx.Graph()
         snapshot.output(snapshot.graph_copy(gm.graph, {}))
         try:
             # The meshes planned on while tracing this program (their roots hold the
             # groups its chains name); none: every live mesh.
-            optimize_graph(
+            graph_pass.optimize_graph(
                 gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
                 cost=self.options["cost"], prefer=self.options["prefer"],
             )  # fmt: skip
@@ -189,31 +191,18 @@ def _group_labels() -> dict[str, str]:
     has planned on (their dims and flattened meshes)."""
     labels: dict[str, str] = {}
     for mesh in meshes_seen():
-        root = mesh._get_root_mesh()
+        root = L.root_mesh(mesh)
         names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
         shape = "x".join(str(s) for s in root.shape)
         try:
             for d in range(root.ndim):
                 labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
-            dim_layouts = list(root._layout)
-            for flat_name, flat in root._flatten_mapping.items():
-                covered = _dims_of_layout(flat._layout.collapse(), dim_layouts)
+            for flat_name, flat, covered in L.flattened_dims(root):
                 what = "+".join(names[d] for d in covered) if covered else flat_name
                 labels.setdefault(flat.get_group(0).group_name, f"mesh dims {what} of mesh {shape} (flattened {flat_name})")
         except Exception:  # noqa: BLE001 - a label is a courtesy; never fail a compile for it
             continue
     return labels
-
-
-def _dims_of_layout(layout, dim_layouts) -> tuple[int, ...] | None:
-    from redist_opt.ir import layout as L
-
-    n = len(dim_layouts)
-    for k in range(2, n + 1):
-        for dims in itertools.permutations(range(n), k):
-            if L.collapse([dim_layouts[d] for d in dims]) == layout:
-                return dims
-    return None
 
 
 def describe_collectives(gm: fx.GraphModule) -> list[str]:
@@ -227,13 +216,9 @@ _dump_lock = threading.Lock()
 
 
 def _dump_graph(gm: fx.GraphModule, kind: str) -> None:
-    from redist_opt.debug.dump import dump_dir_from_env
-
     directory = dump_dir_from_env()
     if directory is None:
         return
-    import torch.distributed as dist
-
     with _dump_lock:
         seq = next(_dump_seq)
     rank = f".rank{dist.get_rank()}" if dist.is_initialized() and dist.get_world_size() > 1 else ""

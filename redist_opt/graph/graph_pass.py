@@ -13,7 +13,7 @@ Entry points:
 Rewrite, per chain (see :mod:`redist_opt.graph.raise_chains` for what a chain is)::
 
     chain of collectives + local ops  --raise-->  redistribute(src -> dst) on a root mesh
-    plan(src, dst) --passes/ pipeline-->  optimized IR  --lower_graph-->  funcol + wait_tensor
+    plan(src, dst) --passes/ pipeline-->  optimized IR  --lower_chains-->  funcol + wait_tensor
 
 Because a chain is re-planned from its meaning, rewrites across
 redistributions fall out of the planner and the pipeline:
@@ -49,20 +49,21 @@ import itertools
 from pathlib import Path
 
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from redist_opt.ir.cost import CostModel, steps_and_bytes
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer
+from redist_opt.graph import agreement, chain_placements, lower_chains, mesh_groups, raise_chains
+from redist_opt.graph import chain as chain_model
+from redist_opt.graph.agreement import agree_slice_dims
+from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, truncate
+from redist_opt.graph.chain_placements import assign_placements
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
+from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.raise_chains import find_chains
+from redist_opt.ir.cost import CostModel, steps_and_bytes
 from redist_opt.ir.placements import RedistributeError, placement_str
-from redist_opt.graph.raise_chains import (
-    Chain,
-    NotRaised,
-    agree_slice_dims,
-    assign_placements,
-    find_chains,
-    mesh_contexts,
-    truncate,
-)
+from redist_opt.ir.plan import make_plan
+from redist_opt.pipeline import run_pipeline
 
 __all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "count_collectives"]
 
@@ -110,13 +111,11 @@ class GraphPassResult:
 
 def count_collectives(graph) -> dict[str, int]:
     """``{kind: count}`` of ``_c10d_functional`` collectives in a graph (waits excluded)."""
-    from redist_opt.graph.raise_chains import _COLLECTIVES
-
     g = graph.graph if isinstance(graph, fx.GraphModule) else graph
     out: dict[str, int] = {}
     for n in g.nodes:
-        if n.op == "call_function" and n.target in _COLLECTIVES:
-            k = _COLLECTIVES[n.target]
+        if n.op == "call_function" and n.target in COLLECTIVES:
+            k = COLLECTIVES[n.target]
             out[k] = out.get(k, 0) + 1
     return out
 
@@ -162,11 +161,11 @@ def optimize_graph(
     ``groups``: "existing" (only process groups that exist) or "create"
     (flattened groups created at compile time, in graph order).
     ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.
-    ``all_gather``: how ranks agree on the mesh dims of constant-index slices
-    (default: through the default group's store; see ``raise_graph.agree_slice_dims``).
+    ``all_gather``: how ranks agree on the mesh dims of constant-index slices,
+    ``all_gather(facts) -> every rank's facts, or a reason string``, called once per
+    chain that needs it (default: through the default group's store, among the ranks
+    compiling the same program, bounded in time; see :mod:`redist_opt.graph.agreement`).
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
         return _optimize_graph(gm, meshes, groups, cost, prefer, all_gather)
@@ -220,9 +219,6 @@ def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassRe
 
 
 def _optimize_chain(graph, chain: Chain, groups, cost, prefer):
-    from redist_opt.pipeline import run_pipeline
-    from redist_opt.ir.plan import make_plan
-
     spec = chain.ctx.spec
     src = ",".join(placement_str(p) for p in chain.src)
     dst = ",".join(placement_str(p) for p in chain.dst)
@@ -265,6 +261,12 @@ except ImportError:  # pragma: no cover
     CustomGraphPass = object  # type: ignore[misc,assignment]
 
 
+# The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
+SOURCE_FILES = (__file__, *(
+    m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains)
+))
+
+
 class RedistGraphPass(CustomGraphPass):
     """``torch._inductor.config.post_grad_custom_post_pass = RedistGraphPass(...)``.
 
@@ -299,12 +301,9 @@ class RedistGraphPass(CustomGraphPass):
         )
 
     def uuid(self):
-        from redist_opt.graph import lower_chains as lower_graph
-        from redist_opt.graph import raise_chains as raise_graph
-
         cost = self.cost.to_dict() if self.cost is not None else "default"
         extra = repr((self.groups, self.prefer, sorted(cost.items()) if isinstance(cost, dict) else cost))
-        return get_hash_for_files((__file__, raise_graph.__file__, lower_graph.__file__), extra)
+        return get_hash_for_files(SOURCE_FILES, extra)
 
 
 def _no_agreement(facts):

@@ -31,11 +31,14 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.distributed as dist
 import torch.fx as fx
 
 from redist_opt import ir
+from redist_opt.graph.chain import C10D
+from redist_opt.graph.mesh_groups import MeshContext
 from redist_opt.ir import symbolic as sym
-from redist_opt.graph.raise_chains import C10D, MeshContext
+from redist_opt.runtime.execute import GroupUnavailable, resolve_group
 
 __all__ = ["Unlowerable", "group_name", "lower_into_graph"]
 
@@ -47,10 +50,6 @@ class Unlowerable(RuntimeError):
 
 
 def group_name(ctx: MeshContext, group, policy: str) -> str:
-    import torch.distributed as dist
-
-    from redist_opt.runtime.execute import GroupUnavailable, resolve_group
-
     try:
         found = resolve_group(ctx.device_mesh, group, policy)
     except GroupUnavailable as e:

@@ -155,3 +155,57 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout):
     )
     root._flatten_mapping[name] = flat
     return flat
+
+
+# -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------
+
+
+def root_mesh(device_mesh):
+    """The root DeviceMesh ``device_mesh`` is a view of (itself for a root).
+
+    Raises ReferenceError when the view's root was garbage-collected.
+    """
+    return device_mesh._get_root_mesh()
+
+
+def flattened_meshes(device_mesh) -> dict:
+    """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
+    return dict(root_mesh(device_mesh)._flatten_mapping)
+
+
+def dims_of_layout(layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1) -> tuple[int, ...] | None:
+    """The first ordered set of at least ``min_dims`` dims (fewest dims first) whose
+    collapsed ``dim_layouts`` equal ``layout``, or None."""
+    from itertools import permutations
+
+    n = len(dim_layouts)
+    for k in range(min_dims, n + 1):
+        for dims in permutations(range(n), k):
+            if collapse([dim_layouts[d] for d in dims]) == layout:
+                return dims
+    return None
+
+
+def flattened_dims(device_mesh) -> list[tuple[str, object, tuple[int, ...] | None]]:
+    """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
+    ``device_mesh``'s root, in the root's order."""
+    root = root_mesh(device_mesh)
+    dim_layouts = device_mesh_dim_layouts(root)
+    return [
+        (name, flat, dims_of_layout(collapse(device_mesh_dim_layouts(flat)), dim_layouts, min_dims=2))
+        for name, flat in root._flatten_mapping.items()
+    ]
+
+
+def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
+    """Sorted dims of the root mesh that ``device_mesh``'s dims span (all of them for
+    a root; a submesh's own dims; a flattened mesh's dims), or None when one of its
+    dims is no set of the root's dims."""
+    dim_layouts = device_mesh_dim_layouts(root_mesh(device_mesh))
+    spanned: set[int] = set()
+    for lay in device_mesh_dim_layouts(device_mesh):
+        dims = dims_of_layout(collapse([lay]), dim_layouts)
+        if dims is None:
+            return None
+        spanned.update(dims)
+    return tuple(sorted(spanned))

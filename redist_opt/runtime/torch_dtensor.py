@@ -187,3 +187,21 @@ def outside_tracing():
     stack.enter_context(unset_fake_temporarily())
     stack.enter_context(disable_proxy_modes_tracing())
     return stack
+
+
+# -- c10d facts the compiled-graph pass reads (redist_opt.graph) ------------------------
+
+
+def process_group_ranks(group_name: str) -> list[int]:
+    """Global ranks, in group order, of the process group named ``group_name`` (the
+    string functional collectives carry). Raises when no such group exists."""
+    from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
+
+    return list(get_process_group_ranks(_resolve_process_group(group_name)))
+
+
+def default_store():
+    """The key-value store of the default process group (the one it rendezvoused on)."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()

@@ -1,0 +1,124 @@
+"""What raising produces: a chain of ``_c10d_functional`` collectives and local ops on one
+value, read as one redistribution (see :mod:`redist_opt.graph.raise_chains` for when a
+chain is raised, and :mod:`redist_opt.graph.chain_placements` for its meaning).
+
+The data model shared by raising, agreement across ranks, placement assignment and
+lowering: :class:`ChainOp`, :class:`Chain`, :class:`NotRaised`, and the tables of the
+``_c10d_functional`` / aten ops a chain may hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor.placement_types import Placement
+
+from redist_opt.graph.mesh_groups import MeshContext
+
+__all__ = ["C10D", "COLLECTIVES", "WAIT", "REDUCE_OPS", "ChainOp", "Chain", "NotRaised", "truncate"]
+
+C10D = torch.ops._c10d_functional
+# functional collective op -> chain op kind
+COLLECTIVES = {
+    C10D.all_reduce.default: "all_reduce",
+    C10D.reduce_scatter_tensor.default: "reduce_scatter",
+    C10D.all_gather_into_tensor.default: "all_gather",
+    C10D.all_to_all_single.default: "all_to_all",
+}
+WAIT = C10D.wait_tensor.default
+REDUCE_OPS = ("sum", "avg", "max", "min")
+# chain op kinds that are collectives (all_to_all is never part of a raised chain)
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainOp:
+    """One step of a raised chain.
+
+    kind: all_reduce | reduce_scatter | all_gather | slice | pointwise | view
+    """
+
+    kind: str
+    nodes: tuple[fx.Node, ...]
+    dims: tuple[int, ...] = ()  # mesh dims (collectives, slices)
+    tensor_dim: int | None = None
+    reduce_op: str | None = None
+    n: int = 1  # slice: number of blocks
+    index: int | None = None  # slice: constant block index on this rank
+    group_name: str | None = None
+    ctx: MeshContext | None = dataclasses.field(default=None, compare=False, repr=False)
+
+
+@dataclasses.dataclass
+class NotRaised:
+    """A chain (or a collective) that was left as it was, and why."""
+
+    nodes: tuple[str, ...]
+    reason: str
+
+    def __str__(self) -> str:
+        return f"not raised [{', '.join(self.nodes)}]: {self.reason}"
+
+
+@dataclasses.dataclass
+class Chain:
+    """A raised chain: the redistribution it performs and the graph nodes it covers."""
+
+    input: fx.Node
+    ops: list[ChainOp]
+    ctx: MeshContext
+    src: tuple[Placement, ...] = ()
+    dst: tuple[Placement, ...] = ()
+    shape: tuple[int, ...] = ()  # global shape (untouched mesh dims count as replicated)
+    dtype: torch.dtype = torch.float32
+    stop_reason: str | None = None  # why the walk stopped where it did (for dumps)
+
+    @property
+    def nodes(self) -> list[fx.Node]:
+        return [n for op in self.ops for n in op.nodes]
+
+    @property
+    def end(self) -> fx.Node:
+        return self.ops[-1].nodes[-1]
+
+    @property
+    def collectives(self) -> list[ChainOp]:
+        return [op for op in self.ops if op.kind in COLLECTIVE_KINDS]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+
+def node_val(node) -> torch.Tensor | None:
+    """The tensor in ``node.meta["val"]`` (fake while compiling), or None."""
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def static_shape(node) -> tuple[int, ...] | None:
+    """The node's shape when every size is a plain int, else None."""
+    v = node_val(node)
+    if v is None:
+        return None
+    # Symbolic sizes are not raised. Never int() a SymInt: that installs a guard and
+    # specializes a dim the user marked dynamic (Dynamo then refuses the compile).
+    if not all(type(s) is int for s in v.shape):
+        return None
+    return tuple(v.shape)
+
+
+def trim(ops: list[ChainOp]) -> list[ChainOp]:
+    """Drop trailing views / pointwise ops: the chain ends at its last collective or slice."""
+    while ops and ops[-1].kind in ("view", "pointwise"):
+        ops.pop()
+    return ops
+
+
+def truncate(chain: Chain, pos: int, reason: str) -> bool:
+    """Cut the chain before op ``pos`` (and trailing views); False if nothing is left."""
+    chain.ops = trim(list(chain.ops[:pos]))
+    chain.stop_reason = reason
+    return bool(chain.collectives)
