@@ -78,18 +78,18 @@ def test_enabled_routes_dtensor_redistribute():
         dt = _partial_input(lm, mesh, [Partial(), Partial()], (6, 3))
         original = DTensor.redistribute
         calls = []
-        real = redist_opt.api.core.redistribute_local_tensor
+        real = redist_opt.api.eager.redistribute_local_tensor
 
         def spy(*a, **k):
             calls.append(k.get("groups"))
             return real(*a, **k)
 
-        redist_opt.api.core.redistribute_local_tensor = spy
+        redist_opt.api.eager.redistribute_local_tensor = spy
         try:
             with redist_opt.enabled(groups="existing"):
                 out = dt.redistribute(mesh, [Replicate(), Shard(0)])
         finally:
-            redist_opt.api.core.redistribute_local_tensor = real
+            redist_opt.api.eager.redistribute_local_tensor = real
         assert DTensor.redistribute is original
         assert calls == ["existing"]
         with reference_semantics():
@@ -196,3 +196,36 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
         replicas = list(_locals(out).values())
         assert all(torch.equal(replicas[0], x) for x in replicas[1:])
         torch.testing.assert_close(replicas[0], _locals(timed)[0])
+
+
+def test_clear_caches_forgets_all_five_caches(tmp_path, monkeypatch):
+    # Each cache hands back the same object until clear_caches(); then it is rebuilt.
+    from redist_opt.api import planning, specs
+    from redist_opt.ir import cost
+
+    path = tmp_path / "profile.json"
+    cost.CostModel.default().save(path)
+    monkeypatch.setenv(cost.PROFILE_ENV, str(path))
+    with LocalTensorMode(4):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
+
+        def build():
+            spec = specs.spec_of(mesh)
+            naive = redist_opt.plan(mesh, "P,P", "R,S(0)", shape=(8, 4))
+            options = ("existing", None, None, "time")
+            return dict(
+                spec=spec,
+                plan=naive,
+                pipeline=redist_opt.optimize(naive),
+                hot=planning.plans_for(spec, naive.src, naive.dst, naive.shape, naive.dtype, options),
+                profile=cost.resolve(spec)[0],
+            )
+
+        first, again = build(), build()
+        assert all(again[k] is first[k] for k in first)
+        redist_opt.clear_caches()
+        rebuilt = build()
+    for k in first:
+        assert rebuilt[k] is not first[k], k
+    assert rebuilt["spec"] == first["spec"] and rebuilt["profile"] == first["profile"]
+    assert rebuilt["plan"].steps == first["plan"].steps
