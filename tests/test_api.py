@@ -13,6 +13,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import harness
 import redist_opt
+from redist_opt.api import planning, specs
+from redist_opt.ir import cost
+from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
 
 
@@ -143,8 +146,6 @@ def test_create_policy_creates_and_caches_a_flattened_group():
 
 
 def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
-    from redist_opt.runtime import execute as runtime
-
     def refuse(*a, **k):
         raise RuntimeError("backend cannot create communicators")
 
@@ -176,8 +177,6 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
     # ring profile whose inter-host latency makes the merged all_reduce slower,
     # prefer="time" keeps two reductions; prefer="consistency" merges anyway so
     # every replica comes from one reduction.
-    from redist_opt.ir.cost import CostModel
-
     ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
                      bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")
     with LocalTensorMode(4) as lm:
@@ -200,9 +199,6 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
 
 def test_clear_caches_forgets_all_five_caches(tmp_path, monkeypatch):
     # Each cache hands back the same object until clear_caches(); then it is rebuilt.
-    from redist_opt.api import planning, specs
-    from redist_opt.ir import cost
-
     path = tmp_path / "profile.json"
     cost.CostModel.default().save(path)
     monkeypatch.setenv(cost.PROFILE_ENV, str(path))
