@@ -32,10 +32,13 @@ import contextlib
 import importlib
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch.utils._debug_mode import get_active_debug_mode
 
 __all__ = [
     "needs_torch_planner",
@@ -113,8 +116,6 @@ def shape_is_symbolic(spec: DTensorSpec) -> bool:
 
 def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec, summary: str, is_explicit: bool):
     """The context torch opens so an active ``DebugMode`` logs a redistribution (or a no-op)."""
-    from torch.utils._debug_mode import get_active_debug_mode
-
     debug_mode = get_active_debug_mode()
     if debug_mode is None:
         return contextlib.nullcontext()
@@ -190,9 +191,6 @@ def outside_tracing():
     Creating a process group (a flattened DeviceMesh) while a compiled program is
     traced must build real rank tensors and real communicators, not traced ones.
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
     stack = contextlib.ExitStack()
     stack.enter_context(unset_fake_temporarily())
     stack.enter_context(disable_proxy_modes_tracing())
