@@ -3,18 +3,26 @@
 Each rank builds the same inputs (same seeds), runs torch's
 DTensor.redistribute (merge pass disabled) and redist_opt.redistribute on them,
 and raises AssertionError naming the case on any difference. Kept free of
-pytest imports so that spawned children import it cheaply.
+pytest imports so that spawned children import it cheaply (they find this folder
+on the parent's ``sys.path``, which spawn hands down).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import sys
+import traceback
 import zlib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import torch
+import torch.distributed as dist
+from harness import collective_kind, parse_placement, pstr
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
+from torch.distributed.tensor.debug import CommDebugMode
+
+import redist_opt
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 60
@@ -44,29 +52,143 @@ CASES = [
 ROUTED_CASE = ("2x2", ["P", "S(1)"], ["S(0)", "R"], (5, 3), "f32")
 
 
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "c64": torch.complex64}
+
+
 def _seed(*parts) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
+def _rand(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_complex:
+        return torch.randn(*shape, generator=g, dtype=dtype)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _make_input(mesh, src, shape, dtype, seed):
+    src_p = [parse_placement(p) for p in src]
+    g = _rand(shape, dtype, seed)
+    base = [Replicate() if p.is_partial() else p for p in src_p]
+    local = distribute_tensor(g, mesh, base, src_data_rank=None).to_local()
+    if any(p.is_partial() for p in src_p):
+        coord = mesh.get_coordinate()
+        key = tuple(c if not isinstance(p, Replicate) else 0 for c, p in zip(coord, src_p))
+        local = (local + _rand(tuple(local.shape), dtype, _seed(seed, key))).to(dtype)
+    return DTensor.from_local(
+        local.contiguous(), mesh, src_p, run_check=False,
+        shape=torch.Size(shape), stride=g.stride(),
+    )
+
+
+def _counts(cdm):
+    out = {}
+    for k, v in cdm.get_comm_counts().items():
+        if v:
+            out[collective_kind(k)] = out.get(collective_kind(k), 0) + v
+    return out
+
+
+def _redistribute_both(dt, mesh, dst_p, routed):
+    """(torch's result or error, its comm counts, ours (passes=()) or error, its comm counts)."""
+    ref_err = cand_err = None
+    ref = cand = None
+    with CommDebugMode() as c1, disable_redistribute_transform_optimization():
+        try:
+            ref = dt.redistribute(mesh, dst_p)
+        except Exception as e:  # noqa: BLE001
+            ref_err = e
+    with CommDebugMode() as c2:
+        try:
+            # passes=(): DTensor's own plan through redist_opt's runtime,
+            # which must match torch bit for bit, collective for collective.
+            if routed:
+                with redist_opt.enabled(groups="existing", passes=()):
+                    cand = dt.redistribute(mesh, dst_p)
+            else:
+                cand = redist_opt.redistribute(dt, dst_p, groups="existing", passes=())
+        except Exception as e:  # noqa: BLE001
+            cand_err = e
+    return (ref, ref_err, c1), (cand, cand_err, c2)
+
+
+def _check_same_as_torch(name, ref, cand, c1, c2):
+    """Our unoptimized plan: same placements, shape, values and collectives as torch."""
+    assert tuple(cand.placements) == tuple(ref.placements), (
+        f"{name}: placements {tuple(map(pstr, cand.placements))} != "
+        f"{tuple(map(pstr, ref.placements))}")
+    assert cand.shape == ref.shape, f"{name}: shape {cand.shape} != {ref.shape}"
+    a, b = ref.to_local(), cand.to_local()
+    assert b.shape == a.shape and b.dtype == a.dtype, (
+        f"{name}: local {tuple(b.shape)} {b.dtype} != {tuple(a.shape)} {a.dtype}")
+    if not torch.equal(a, b):
+        hi = torch.complex128 if a.is_complex() else torch.float64
+        d = (a.to(hi) - b.to(hi)).abs()
+        raise AssertionError(
+            f"{name}: local values differ (max abs diff {d.max().item():.3g}, "
+            f"{int((d != 0).sum())}/{d.numel()} elements)")
+    k1, k2 = _counts(c1), _counts(c2)
+    assert c2.get_total_counts() == c1.get_total_counts(), (
+        f"{name}: collective count {c2.get_total_counts()} {k2} != torch (merge "
+        f"disabled) {c1.get_total_counts()} {k1}")
+    # On CPU outside LocalTensorMode torch runs S(i)->S(j) as all_gather +
+    # chunk ("CPU process group does not support alltoall yet"); an
+    # all_to_all in its place is the same collective count. Any other
+    # difference in kinds is a failure.
+    swapped = k2.get("all_to_all", 0) - k1.get("all_to_all", 0)
+    if swapped > 0:
+        k1 = dict(k1)
+        k1["all_gather"] = k1.get("all_gather", 0) - swapped
+        k1["all_to_all"] = k1.get("all_to_all", 0) + swapped
+        k1 = {k: v for k, v in k1.items() if v}
+    assert k2 == k1, f"{name}: collectives {k2} != torch (merge disabled) {_counts(c1)}"
+
+
+def _check_optimized(name, dt, mesh, dst_p, a, c1):
+    """The optimized plan: never more collectives; equal values (within rounding
+    where sum/avg reductions were regrouped)."""
+    with CommDebugMode() as c3:
+        opt = redist_opt.redistribute(dt, dst_p, groups="existing")
+    assert c3.get_total_counts() <= c1.get_total_counts(), (
+        f"{name}: optimized plan issues {c3.get_total_counts()} collectives > torch "
+        f"{c1.get_total_counts()}")
+    o = opt.to_local()
+    assert o.shape == a.shape and o.dtype == a.dtype, f"{name}: optimized local {tuple(o.shape)}"
+    if not torch.equal(o, a):
+        linear = any(p.is_partial() and p.reduce_op in ("sum", "avg") for p in dt.placements)
+        assert linear, f"{name}: optimized plan's values differ (no reduction to reorder)"
+        tol = 5e-2 if a.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(o, a, rtol=tol, atol=tol, msg=f"{name}: optimized values")
+
+
+def run_case(rank, meshes, case, routed=False):
+    """One case on this rank; raises AssertionError naming it on any difference."""
+    mname, src, dst, shape, dtn = case
+    name = f"rank {rank}: {mname} {src}->{dst} {shape} {dtn}" + (" via enabled()" if routed else "")
+    mesh = meshes[mname]
+    dt = _make_input(mesh, src, shape, DTYPES[dtn], _seed(case))
+    dst_p = [parse_placement(p) for p in dst]
+    before = dt.to_local().clone()
+    (ref, ref_err, c1), (cand, cand_err, c2) = _redistribute_both(dt, mesh, dst_p, routed)
+    assert torch.equal(dt.to_local(), before), f"{name}: input modified"
+    if ref_err is not None:
+        assert cand_err is not None, (
+            f"{name}: torch raises {type(ref_err).__name__}: {ref_err} but redist_opt "
+            "returned a DTensor")
+        assert isinstance(cand_err, (redist_opt.RedistributeError, RuntimeError)), (
+            f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}")
+        return
+    if cand_err is not None:
+        raise AssertionError(
+            f"{name}: torch succeeds but redist_opt raised "
+            f"{type(cand_err).__name__}: {cand_err}") from cand_err
+    _check_same_as_torch(name, ref, cand, c1, c2)
+    _check_optimized(name, dt, mesh, dst_p, ref.to_local(), c1)
+
+
 def worker(rank: int, port: int) -> None:
-    sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    import torch
-    import torch.distributed as dist
-    from harness import collective_kind, parse_placement, pstr
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-    from torch.distributed.tensor._redistribute import (
-        disable_redistribute_transform_optimization,
-    )
-    from torch.distributed.tensor.debug import CommDebugMode
-
-    import redist_opt
-
-    dtypes = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16,
-              "c64": torch.complex64}
-
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
@@ -74,129 +196,15 @@ def worker(rank: int, port: int) -> None:
     try:
         mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
         meshes = {"2x2": mesh2, "b": mesh2["b"]}
-
-        def rand(shape, dtype, seed):
-            g = torch.Generator().manual_seed(seed)
-            if dtype.is_complex:
-                return torch.randn(*shape, generator=g, dtype=dtype)
-            return torch.randn(*shape, generator=g).to(dtype)
-
-        def make_input(mesh, src, shape, dtype, seed):
-            src_p = [parse_placement(p) for p in src]
-            g = rand(shape, dtype, seed)
-            base = [Replicate() if p.is_partial() else p for p in src_p]
-            local = distribute_tensor(g, mesh, base, src_data_rank=None).to_local()
-            if any(p.is_partial() for p in src_p):
-                coord = mesh.get_coordinate()
-                key = tuple(c if not isinstance(p, Replicate) else 0
-                            for c, p in zip(coord, src_p))
-                local = (local + rand(tuple(local.shape), dtype, _seed(seed, key))).to(dtype)
-            return DTensor.from_local(
-                local.contiguous(), mesh, src_p, run_check=False,
-                shape=torch.Size(shape), stride=g.stride(),
-            )
-
-        def counts(cdm):
-            out = {}
-            for k, v in cdm.get_comm_counts().items():
-                if v:
-                    out[collective_kind(k)] = out.get(collective_kind(k), 0) + v
-            return out
-
-        def run(case, routed=False):
-            mname, src, dst, shape, dtn = case
-            name = f"rank {rank}: {mname} {src}->{dst} {shape} {dtn}" + (
-                " via enabled()" if routed else "")
-            mesh = meshes[mname]
-            dtype = dtypes[dtn]
-            dt = make_input(mesh, src, shape, dtype, _seed(case))
-            dst_p = [parse_placement(p) for p in dst]
-            before = dt.to_local().clone()
-            ref_err = cand_err = None
-            ref = cand = None
-            with CommDebugMode() as c1, disable_redistribute_transform_optimization():
-                try:
-                    ref = dt.redistribute(mesh, dst_p)
-                except Exception as e:  # noqa: BLE001
-                    ref_err = e
-            with CommDebugMode() as c2:
-                try:
-                    # passes=(): DTensor's own plan through redist_opt's runtime,
-                    # which must match torch bit for bit, collective for collective.
-                    if routed:
-                        with redist_opt.enabled(groups="existing", passes=()):
-                            cand = dt.redistribute(mesh, dst_p)
-                    else:
-                        cand = redist_opt.redistribute(dt, dst_p, groups="existing", passes=())
-                except Exception as e:  # noqa: BLE001
-                    cand_err = e
-            assert torch.equal(dt.to_local(), before), f"{name}: input modified"
-            if ref_err is not None:
-                assert cand_err is not None, (
-                    f"{name}: torch raises {type(ref_err).__name__}: {ref_err} but redist_opt "
-                    "returned a DTensor")
-                assert isinstance(cand_err, (redist_opt.RedistributeError, RuntimeError)), (
-                    f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}")
-                return
-            if cand_err is not None:
-                raise AssertionError(
-                    f"{name}: torch succeeds but redist_opt raised "
-                    f"{type(cand_err).__name__}: {cand_err}") from cand_err
-            assert tuple(cand.placements) == tuple(ref.placements), (
-                f"{name}: placements {tuple(map(pstr, cand.placements))} != "
-                f"{tuple(map(pstr, ref.placements))}")
-            assert cand.shape == ref.shape, f"{name}: shape {cand.shape} != {ref.shape}"
-            a, b = ref.to_local(), cand.to_local()
-            assert b.shape == a.shape and b.dtype == a.dtype, (
-                f"{name}: local {tuple(b.shape)} {b.dtype} != {tuple(a.shape)} {a.dtype}")
-            if not torch.equal(a, b):
-                hi = torch.complex128 if a.is_complex() else torch.float64
-                d = (a.to(hi) - b.to(hi)).abs()
-                raise AssertionError(
-                    f"{name}: local values differ (max abs diff {d.max().item():.3g}, "
-                    f"{int((d != 0).sum())}/{d.numel()} elements)")
-            k1, k2 = counts(c1), counts(c2)
-            assert c2.get_total_counts() == c1.get_total_counts(), (
-                f"{name}: collective count {c2.get_total_counts()} {k2} != torch (merge "
-                f"disabled) {c1.get_total_counts()} {k1}")
-            # On CPU outside LocalTensorMode torch runs S(i)->S(j) as all_gather +
-            # chunk ("CPU process group does not support alltoall yet"); an
-            # all_to_all in its place is the same collective count. Any other
-            # difference in kinds is a failure.
-            swapped = k2.get("all_to_all", 0) - k1.get("all_to_all", 0)
-            if swapped > 0:
-                k1 = dict(k1)
-                k1["all_gather"] = k1.get("all_gather", 0) - swapped
-                k1["all_to_all"] = k1.get("all_to_all", 0) + swapped
-                k1 = {k: v for k, v in k1.items() if v}
-            assert k2 == k1, f"{name}: collectives {k2} != torch (merge disabled) {counts(c1)}"
-            # The optimized plan: never more collectives; equal values (within
-            # rounding where sum/avg reductions were regrouped).
-            with CommDebugMode() as c3:
-                opt = redist_opt.redistribute(dt, dst_p, groups="existing")
-            assert c3.get_total_counts() <= c1.get_total_counts(), (
-                f"{name}: optimized plan issues {c3.get_total_counts()} collectives > torch "
-                f"{c1.get_total_counts()}")
-            o = opt.to_local()
-            assert o.shape == a.shape and o.dtype == a.dtype, f"{name}: optimized local {tuple(o.shape)}"
-            if not torch.equal(o, a):
-                linear = any(p.is_partial() and p.reduce_op in ("sum", "avg")
-                             for p in dt.placements)
-                assert linear, f"{name}: optimized plan's values differ (no reduction to reorder)"
-                tol = 5e-2 if a.dtype == torch.bfloat16 else 1e-5
-                torch.testing.assert_close(o, a, rtol=tol, atol=tol, msg=f"{name}: optimized values")
-
         # Run every case (each one's collectives complete on all ranks before
         # its checks), then fail with all the differences at once.
         failures = []
         for case, routed in [(c, False) for c in CASES] + [(ROUTED_CASE, True)]:
             try:
-                run(case, routed=routed)
+                run_case(rank, meshes, case, routed=routed)
             except AssertionError as e:
                 failures.append(str(e))
             except Exception:  # noqa: BLE001 - a harness-side error: keep its traceback
-                import traceback
-
                 failures.append(f"rank {rank}: {case}: {traceback.format_exc()}")
         dist.barrier()
         if failures:

@@ -13,6 +13,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import harness
 import redist_opt
+from redist_opt.api import planning, specs
+from redist_opt.ir import cost
+from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
 
 
@@ -78,18 +81,18 @@ def test_enabled_routes_dtensor_redistribute():
         dt = _partial_input(lm, mesh, [Partial(), Partial()], (6, 3))
         original = DTensor.redistribute
         calls = []
-        real = redist_opt.api.core.redistribute_local_tensor
+        real = redist_opt.api.eager.redistribute_local_tensor
 
         def spy(*a, **k):
             calls.append(k.get("groups"))
             return real(*a, **k)
 
-        redist_opt.api.core.redistribute_local_tensor = spy
+        redist_opt.api.eager.redistribute_local_tensor = spy
         try:
             with redist_opt.enabled(groups="existing"):
                 out = dt.redistribute(mesh, [Replicate(), Shard(0)])
         finally:
-            redist_opt.api.core.redistribute_local_tensor = real
+            redist_opt.api.eager.redistribute_local_tensor = real
         assert DTensor.redistribute is original
         assert calls == ["existing"]
         with reference_semantics():
@@ -143,8 +146,6 @@ def test_create_policy_creates_and_caches_a_flattened_group():
 
 
 def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
-    from redist_opt.runtime import execute as runtime
-
     def refuse(*a, **k):
         raise RuntimeError("backend cannot create communicators")
 
@@ -176,8 +177,6 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
     # ring profile whose inter-host latency makes the merged all_reduce slower,
     # prefer="time" keeps two reductions; prefer="consistency" merges anyway so
     # every replica comes from one reduction.
-    from redist_opt.ir.cost import CostModel
-
     ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
                      bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")
     with LocalTensorMode(4) as lm:
@@ -196,3 +195,33 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
         replicas = list(_locals(out).values())
         assert all(torch.equal(replicas[0], x) for x in replicas[1:])
         torch.testing.assert_close(replicas[0], _locals(timed)[0])
+
+
+def test_clear_caches_forgets_all_five_caches(tmp_path, monkeypatch):
+    # Each cache hands back the same object until clear_caches(); then it is rebuilt.
+    path = tmp_path / "profile.json"
+    cost.CostModel.default().save(path)
+    monkeypatch.setenv(cost.PROFILE_ENV, str(path))
+    with LocalTensorMode(4):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
+
+        def build():
+            spec = specs.spec_of(mesh)
+            naive = redist_opt.plan(mesh, "P,P", "R,S(0)", shape=(8, 4))
+            options = ("existing", None, None, "time")
+            return dict(
+                spec=spec,
+                plan=naive,
+                pipeline=redist_opt.optimize(naive),
+                hot=planning.plans_for(spec, naive.src, naive.dst, naive.shape, naive.dtype, options),
+                profile=cost.resolve(spec)[0],
+            )
+
+        first, again = build(), build()
+        assert all(again[k] is first[k] for k in first)
+        redist_opt.clear_caches()
+        rebuilt = build()
+    for k in first:
+        assert rebuilt[k] is not first[k], k
+    assert rebuilt["spec"] == first["spec"] and rebuilt["profile"] == first["profile"]
+    assert rebuilt["plan"].steps == first["plan"].steps

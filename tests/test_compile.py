@@ -153,7 +153,7 @@ def test_dynamic_shapes_fall_back_to_torch_with_a_warning():
         torch._dynamo.mark_dynamic(dt, 0)  # the sharded dim arrives as a SymInt
         return dt
 
-    redist_opt.api.core._warned.clear()
+    redist_opt.api.errors._warned.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cap, out = _compile_and_run(f, (make_input(8),), "ours", backward=False)

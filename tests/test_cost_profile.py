@@ -16,7 +16,7 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
-import redist_opt.api.core
+import redist_opt.api.specs
 from redist_opt.tools import cli
 from redist_opt.ir import cost
 from redist_opt.debug import dump
@@ -58,7 +58,7 @@ def test_fake_mesh_gets_default(no_env):
     with LocalTensorMode(4) as lm:
         with lm.disable():
             dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
-        spec = redist_opt.api.core.spec_of(dm)
+        spec = redist_opt.api.specs.spec_of(dm)
     assert dist.get_backend() == "fake"
     assert spec.backend == "fake"
     p = redist_opt.plan(spec, "P,P", "R,R", shape=(8, 4))
@@ -75,7 +75,7 @@ GLOO_SCRIPT = textwrap.dedent(
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     dm = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
-    spec = redist_opt.api.core.spec_of(dm)
+    spec = redist_opt.api.specs.spec_of(dm)
     opt = redist_opt.optimize(redist_opt.plan(dm, "P,P", "R,R", shape=(4,)))
     print(spec.backend, "|", opt.cost_profile)
     dist.destroy_process_group()
@@ -163,7 +163,7 @@ def test_dumps_show_the_profile(tmp_path, monkeypatch):
 
 def test_backend_per_device_string(monkeypatch):
     # get_backend names one backend per device for mixed process groups.
-    from redist_opt.ir import mesh as mesh_mod
+    from redist_opt.ir import layout as mesh_mod
 
     class FakeMesh:
         ndim = 2
@@ -176,8 +176,8 @@ def test_backend_per_device_string(monkeypatch):
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda pg: "cpu:gloo,cuda:nccl")
-    assert mesh_mod._backend_of(FakeMesh("cpu")) == "gloo"
-    assert mesh_mod._backend_of(FakeMesh("cuda")) == "nccl"
+    assert mesh_mod.process_group_backend(FakeMesh("cpu")) == "gloo"
+    assert mesh_mod.process_group_backend(FakeMesh("cuda")) == "nccl"
     # Dims on different backends: unknown, so the default profile.
     monkeypatch.setattr(dist, "get_backend", lambda pg: {"pg0": "gloo", "pg1": "nccl"}[pg])
-    assert mesh_mod._backend_of(FakeMesh("cpu")) is None
+    assert mesh_mod.process_group_backend(FakeMesh("cpu")) is None

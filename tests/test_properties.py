@@ -62,7 +62,7 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 import redist_opt
-import redist_opt.api.core
+import redist_opt.api.specs
 import redist_opt.ir.cost
 
 # Hypothesis profiles. "ci" (the default here, and what .ci/run asks for with
@@ -177,7 +177,7 @@ POOL = MeshPool()
 def _clear_spec_cache() -> None:
     # MeshPool.use swaps a root's flattened meshes in place (torch itself only
     # ever adds them); drop redist_opt's per-mesh MeshSpec cache so it re-reads them.
-    cache = getattr(redist_opt.api.core, "_spec_cache", None)
+    cache = getattr(redist_opt.api.specs, "_spec_cache", None)
     if cache is not None:
         cache.clear()
 

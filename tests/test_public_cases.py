@@ -50,7 +50,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import redist_opt
-import redist_opt.api.core
+import redist_opt.api.errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F64 = torch.float64
@@ -211,7 +211,7 @@ NON_ASCENDING = [
 def test_item4_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape):
     """Non-default shard orders go through torch (merge disabled): same output
     as the oracle, torch's count, and a warning that says so."""
-    monkeypatch.setattr(redist_opt.api.core, "_warned", set())  # warned once per process
+    monkeypatch.setattr(redist_opt.api.errors, "_warned", set())  # warned once per process
     with LocalTensorMode(4) as lm:
         mesh = fresh_mesh((2, 2), "ab", [("a", "b")])
         dt, coords = int_input(mesh, lm, src, shape, F64, seed=3)

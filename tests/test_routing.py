@@ -67,19 +67,19 @@ def test_backward_and_from_local_gradients_are_routed():
     with LocalTensorMode(8) as lm:
         mesh, _ = _ppp_on_a_c_flattened(lm)
         calls = []
-        real = redist_opt.api.core.redistribute_local_tensor
+        real = redist_opt.api.eager.redistribute_local_tensor
 
         def spy(*a, **k):
             calls.append((a[1].placements, a[2].placements))
             return real(*a, **k)
 
         y_ref, g_ref = run(lm, mesh)
-        redist_opt.api.core.redistribute_local_tensor = spy
+        redist_opt.api.eager.redistribute_local_tensor = spy
         try:
             with redist_opt.enabled():
                 y, g = run(lm, mesh)
         finally:
-            redist_opt.api.core.redistribute_local_tensor = real
+            redist_opt.api.eager.redistribute_local_tensor = real
         _assert_same(y, y_ref)
         for r, t in _locals_of(g).items():
             assert torch.equal(t, _locals_of(g_ref)[r]), r
@@ -96,10 +96,10 @@ def test_enabled_restores_patch_points_exactly_and_nests():
     before = _patched_names()
     with redist_opt.enabled():
         inner_names = _patched_names()
-        assert all(v is redist_opt.api.core._routed_redistribute_local_tensor for v in inner_names.values())
+        assert all(v is redist_opt.api.routing.routed_redistribute_local_tensor for v in inner_names.values())
         with redist_opt.enabled(groups="create"):
-            assert redist_opt.api.core._active_route_options()["groups"] == "create"
-        assert redist_opt.api.core._active_route_options()["groups"] == "existing"
+            assert redist_opt.api.routing.active_options()["groups"] == "create"
+        assert redist_opt.api.routing.active_options()["groups"] == "existing"
         assert _patched_names() == inner_names
     assert _patched_names() == before
     assert before["torch.distributed.tensor._dispatch"] is tdt.TORCH_REDISTRIBUTE_LOCAL
@@ -113,17 +113,17 @@ def test_options_are_per_thread_with_a_process_wide_default():
         with redist_opt.enabled(groups="create"):
             entered.set()
             release.wait(10)
-            seen["other"] = redist_opt.api.core._active_route_options()["groups"]
+            seen["other"] = redist_opt.api.routing.active_options()["groups"]
 
     t = threading.Thread(target=other_thread)
     with redist_opt.enabled(groups="existing"):
         t.start()
         entered.wait(10)
-        seen["main"] = redist_opt.api.core._active_route_options()["groups"]
+        seen["main"] = redist_opt.api.routing.active_options()["groups"]
         release.set()
         t.join(10)
     assert seen == {"main": "existing", "other": "create"}
-    assert redist_opt.api.core._active_route_options() is None
+    assert redist_opt.api.routing.active_options() is None
 
 
 def test_errors_are_instances_of_torchs_exception_types():
@@ -154,7 +154,7 @@ def test_partial_prod_runs_through_torch_with_a_warning():
         local = lm.rank_map(lambda r: torch.full((4, 2), float(r + 1)))
         dt = DTensor.from_local(local, mesh, [Shard(0), Partial("prod")], run_check=False)
         expected = dt.redistribute(mesh, [Replicate(), Partial("prod")])
-        redist_opt.api.core._warned.clear()
+        redist_opt.api.errors._warned.clear()
         with warnings.catch_warnings(record=True) as caught, redist_opt.enabled():
             warnings.simplefilter("always")
             out = dt.redistribute(mesh, [Replicate(), Partial("prod")])

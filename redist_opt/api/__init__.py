@@ -1,0 +1,30 @@
+"""The API layer: what users call, and what the graph layer builds on.
+
+Modules, bottom to top: ``errors`` (option checks, warn-once, torch-typed
+errors), ``specs`` (MeshSpecs of DeviceMeshes, meshes planned on), ``planning``
+(``plan``, ``optimize``, the hot-plan cache, ``clear_caches``), ``eager``
+(``redistribute_local_tensor``), ``autograd`` (the differentiable redistribution),
+``routing`` (``enabled``), ``public`` (``redistribute``).
+"""
+
+from redist_opt.api.eager import redistribute_local_tensor
+from redist_opt.api.errors import check_groups, warn_once
+from redist_opt.api.planning import clear_caches, optimize, plan
+from redist_opt.api.public import redistribute
+from redist_opt.api.routing import enabled
+from redist_opt.api.specs import meshes_seen, recording_meshes, spec_of
+
+__all__ = [
+    "plan",
+    "optimize",
+    "redistribute",
+    "redistribute_local_tensor",
+    "enabled",
+    "clear_caches",
+    # for the graph layer
+    "check_groups",
+    "warn_once",
+    "meshes_seen",
+    "recording_meshes",
+    "spec_of",
+]

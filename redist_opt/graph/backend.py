@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 import torch.fx as fx
 
-from redist_opt.api.core import _check_groups, _warn_once, enabled, meshes_seen, recording_meshes
+from redist_opt.api import check_groups, enabled, meshes_seen, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env
 from redist_opt.graph import graph_pass
 from redist_opt.ir import layout as L
@@ -64,7 +64,7 @@ def backend(
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
-    _check_groups(groups)
+    check_groups(groups)
     if isinstance(inner, str) and inner not in INNER_COMPILERS:
         raise ValueError(f"inner={inner!r}: expected 'inductor', 'aot_eager' or a callable (gm, example_inputs)")
     if not isinstance(inner, str) and not callable(inner):
@@ -143,7 +143,7 @@ class _RedistOptBackend:
         except Exception as e:  # never turn a compile that works into one that fails
             gm.graph = snapshot
             gm.recompile()
-            _warn_once(
+            warn_once(
                 ("graph-pass", type(e).__name__, str(e)),
                 f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
             )

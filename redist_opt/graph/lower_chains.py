@@ -20,7 +20,7 @@ where the chain's first collective was; the last ``wait_tensor`` and everything
 after it where the chain's last wait was.
 
 Groups: ``groups="existing"`` uses a mesh dim's group, a flattened mesh or the
-world group with the same layout (``redist_opt.runtime.execute.resolve_group``);
+world group with the same layout (``redist_opt.runtime.groups.resolve_group``);
 ``groups="create"`` flattens the mesh dims on first use. Groups are created at
 compile time, in graph order, which is the same on every rank. Pad/narrow ops
 (uneven shards) and all_to_all are not lowered: a plan needing them is not used.
@@ -38,7 +38,7 @@ from redist_opt import ir
 from redist_opt.graph.chain import C10D
 from redist_opt.graph.mesh_groups import MeshContext
 from redist_opt.ir import symbolic as sym
-from redist_opt.runtime.execute import GroupUnavailable, resolve_group
+from redist_opt.runtime.groups import GroupUnavailable, resolve_group
 
 __all__ = ["Unlowerable", "group_name", "lower_into_graph"]
 

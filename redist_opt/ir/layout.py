@@ -209,3 +209,48 @@ def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
             return None
         spanned.update(dims)
     return tuple(sorted(spanned))
+
+
+# -- reading a live DeviceMesh (for redist_opt.api and MeshSpec.from_device_mesh) ------
+
+
+def is_device_mesh(obj) -> bool:
+    """Whether ``obj`` is a live DeviceMesh (anything with torch's per-dim layouts and dim names)."""
+    return hasattr(obj, "_layout") and hasattr(obj, "mesh_dim_names")
+
+
+def communicators_stamp(device_mesh) -> tuple:
+    """A value that changes whenever :func:`known_communicators` may: the root mesh,
+    how many flattened meshes it holds, and whether the default group is up."""
+    import torch.distributed as dist
+
+    root = device_mesh._get_root_mesh()
+    return (id(root), len(root._flatten_mapping), dist.is_initialized())
+
+
+def rank_in_mesh(device_mesh) -> bool:
+    """Whether the calling rank is one of the mesh's ranks."""
+    return device_mesh._is_current_rank_part_of_mesh()
+
+
+def process_group_backend(device_mesh) -> str | None:
+    """The backend name of the mesh's process groups for its device type, or None.
+
+    ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
+    mesh's device type picks one. Dims on different backends give None.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    found = set()
+    try:
+        for d in range(device_mesh.ndim):
+            name = str(dist.get_backend(device_mesh.get_group(d)))
+            if ":" in name:  # "cpu:gloo,cuda:nccl"
+                per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+                name = per_device.get(device_mesh.device_type, name)
+            found.add(name)
+    except (RuntimeError, ValueError):
+        return None
+    return found.pop() if len(found) == 1 else None

@@ -130,7 +130,7 @@ class MeshSpec:
             flattened=tuple(L.known_communicators(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
-            backend=_backend_of(device_mesh),
+            backend=L.process_group_backend(device_mesh),
             ranks_ascending=L.ranks_ascending(device_mesh),
         )
 
@@ -227,25 +227,3 @@ class MeshSpec:
         """The same mesh with more flattened groups available."""
         return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))
 
-
-def _backend_of(device_mesh) -> str | None:
-    """The backend name of the mesh's process groups for its device type, or None.
-
-    ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
-    mesh's device type picks one. Dims on different backends give None.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return None
-    found = set()
-    try:
-        for d in range(device_mesh.ndim):
-            name = str(dist.get_backend(device_mesh.get_group(d)))
-            if ":" in name:  # "cpu:gloo,cuda:nccl"
-                per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
-                name = per_device.get(device_mesh.device_type, name)
-            found.add(name)
-    except (RuntimeError, ValueError):
-        return None
-    return found.pop() if len(found) == 1 else None

@@ -6,18 +6,9 @@ it). Local ops whose sizes depend on the mesh coordinate are evaluated per rank:
 on a real process group that is the calling rank; under ``LocalTensorMode`` it
 is each simulated rank in turn (``torch.distributed._local_tensor.tensor_map``).
 
-Group resolution (``resolve_group``), by layout, never by name:
-
-1. a group over one mesh dim (ignoring size-1 dims) -> that dim's process group;
-2. a multi-dim group -> a flattened mesh of the root whose layout equals the
-   group's collapsed layout;
-3. under ``groups="create"`` -> a flattened mesh created on first use from the
-   group's layout (no mesh dim names needed, any dim order; cached in the root's
-   ``_flatten_mapping``). While torch.compile traces, this runs at trace time:
-   every rank traces the same program, so groups are created in the same order.
-
-A group that cannot be resolved raises :class:`GroupUnavailable`; the API falls
-back to the unmerged plan and warns once.
+Which process group runs each collective is decided by layout, in
+``redist_opt.runtime.groups``; a group that cannot be resolved raises
+``GroupUnavailable`` there.
 """
 
 from __future__ import annotations
@@ -29,52 +20,15 @@ from collections.abc import Sequence
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
-from torch.distributed._local_tensor import (
-    LocalTensor,
-    enabled_local_tensor_mode,
-    tensor_map,
-)
 
-from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.ops import ir_name
 from redist_opt.ir.mesh import MeshGroup
+from redist_opt.ir.ops import ir_name
+from redist_opt.ir.placements import RedistributeError
+from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.runtime.groups import resolve_group
 
-__all__ = ["execute", "resolve_group", "GroupUnavailable"]
-
-
-class GroupUnavailable(RuntimeError):
-    """No process group with the layout a merged collective needs exists."""
-
-
-# -- groups -------------------------------------------------------------------
-
-
-def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
-    """A funcol group argument for ``group`` on ``device_mesh``."""
-    real_dims = [d for d, n in zip(group.dims, group.sizes) if n > 1] or list(group.dims[:1])
-    if len(real_dims) == 1:
-        return (device_mesh, real_dims[0])
-    found = L.known_communicators(device_mesh).get(group.layout)
-    if found is not None:
-        if found[0] == "world":
-            import torch.distributed as dist
-
-            return dist.group.WORLD
-        return found
-    if policy != "existing":
-        from redist_opt.runtime.torch_dtensor import outside_tracing
-
-        try:
-            with outside_tracing():
-                flat = L.create_flattened_mesh(device_mesh, group.layout)
-        except Exception as e:  # a backend that cannot make a new communicator
-            raise GroupUnavailable(f"creating a flattened group over {group.dims} failed: {e}") from e
-        return (flat, 0)
-    raise GroupUnavailable(
-        f"no process group has the layout of mesh dims {group.dims} "
-        f"({group.layout}); flatten them or use groups='create'"
-    )
+__all__ = ["execute", "check_local_shape", "rank_coordinates"]
 
 
 # -- coordinates ----------------------------------------------------------------
@@ -82,20 +36,9 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
 _coords_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _int_on_rank(c, rank: int) -> int:
-    """A coordinate LocalTensorMode gives as a per-rank SymInt (or a constant), on ``rank``."""
-    if isinstance(c, torch.SymInt):
-        node = c.node
-        values = getattr(node, "_local_ints", None)
-        if values is not None:
-            return int(values[rank])
-        return int(node.maybe_as_int() if hasattr(node, "maybe_as_int") else node.int_())
-    return int(c)
-
-
 def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
     """This rank's mesh coordinate, or {rank: coordinate} under LocalTensorMode."""
-    lm = enabled_local_tensor_mode()
+    lm = tdt.local_tensor_mode()
     if lm is None:
         coord = device_mesh.get_coordinate()
         if coord is None:
@@ -105,7 +48,7 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
     per_mesh = _coords_cache.setdefault(device_mesh, {})
     if key not in per_mesh:
         coords = device_mesh.get_coordinate()
-        per_mesh[key] = {r: tuple(_int_on_rank(c, r) for c in coords) for r in lm.ranks}
+        per_mesh[key] = {r: tuple(tdt.int_on_rank(c, r) for c in coords) for r in lm.ranks}
     return per_mesh[key]
 
 
@@ -216,7 +159,7 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
         x = x.wait()  # local ops need the data (async_op=True leaves collectives pending)
     symbolic = [i for i, p in enumerate(params) if isinstance(p, sym.sympy.Basic) and p.free_symbols]
     ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
-    per_rank_tensors = isinstance(x, LocalTensor) and enabled_local_tensor_mode() is not None
+    per_rank_tensors = tdt.is_per_rank(x) and tdt.local_tensor_mode() is not None
     if not symbolic and not per_rank_tensors:
         return _local_op(name, x, ints)
 
@@ -231,7 +174,7 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
     if not per_rank_tensors:
         return on_rank(-1, x)
     # Simulated ranks may hold different sizes: run the op on each rank's tensor.
-    return tensor_map(x, on_rank)
+    return tdt.map_per_rank(x, on_rank)
 
 
 # -- collectives ------------------------------------------------------------------
@@ -279,8 +222,6 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
     A DTensor built with ``from_local(..., run_check=False)`` and a wrong shape
     would otherwise produce a silently wrong result.
     """
-    from redist_opt.ir.placements import RedistributeError
-
     if all(isinstance(e, sym.sympy.Integer) for e in expected):
         want_of = lambda rank: tuple(int(e) for e in expected)  # noqa: E731
     else:
@@ -288,7 +229,7 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
         want_of = lambda rank: tuple(  # noqa: E731
             sym.evaluate(e, coords if isinstance(coords, tuple) else coords[rank]) for e in expected
         )
-    locals_ = getattr(x, "_local_tensors", None)
+    locals_ = tdt.per_rank_tensors(x)
     items = locals_.items() if locals_ is not None else [(None, x)]
     for rank, t in items:
         want = want_of(rank)

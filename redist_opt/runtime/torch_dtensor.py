@@ -2,8 +2,10 @@
 
 ``DTensorSpec``, ``TensorMeta``, ``redistribute_local_tensor``,
 ``_gen_transform_infos_non_cached`` and ``disable_redistribute_transform_optimization``
-are private to ``torch.distributed.tensor``; a torch upgrade that changes them
-should only need this file updated.
+are private to ``torch.distributed.tensor``, and so are a DTensor's ``_spec`` and
+``_local_tensor`` and LocalTensorMode's per-rank values
+(``torch.distributed._local_tensor``); a torch upgrade that changes them should
+only need this file updated (mesh-layout internals: ``redist_opt.ir.layout``).
 
 Patch points. torch 2.13 looks ``redistribute_local_tensor`` up by name, at call
 time, in these module namespaces (each imported it with ``from ... import``):
@@ -26,11 +28,17 @@ and while AOTAutograd traces a compiled program, without touching
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch.utils._debug_mode import get_active_debug_mode
 
 __all__ = [
     "needs_torch_planner",
@@ -47,6 +55,15 @@ __all__ = [
     "restore_redistribute_local",
     "shape_is_symbolic",
     "record_redistribute",
+    "outside_tracing",
+    "local_tensor_of",
+    "spec_of_dtensor",
+    "make_dtensor",
+    "local_tensor_mode",
+    "is_per_rank",
+    "map_per_rank",
+    "per_rank_tensors",
+    "int_on_rank",
 ]
 
 # torch's own function, captured before anyone patches it: our fallback and oracle.
@@ -99,10 +116,6 @@ def shape_is_symbolic(spec: DTensorSpec) -> bool:
 
 def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec, summary: str, is_explicit: bool):
     """The context torch opens so an active ``DebugMode`` logs a redistribution (or a no-op)."""
-    import contextlib
-
-    from torch.utils._debug_mode import get_active_debug_mode
-
     debug_mode = get_active_debug_mode()
     if debug_mode is None:
         return contextlib.nullcontext()
@@ -178,11 +191,6 @@ def outside_tracing():
     Creating a process group (a flattened DeviceMesh) while a compiled program is
     traced must build real rank tensors and real communicators, not traced ones.
     """
-    import contextlib
-
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
     stack = contextlib.ExitStack()
     stack.enter_context(unset_fake_temporarily())
     stack.enter_context(disable_proxy_modes_tracing())
@@ -205,3 +213,54 @@ def default_store():
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
+
+
+# -- a DTensor's parts -------------------------------------------------------------
+
+
+def local_tensor_of(dtensor: DTensor) -> torch.Tensor:
+    """The DTensor's local tensor itself (not ``to_local()``'s autograd view)."""
+    return dtensor._local_tensor
+
+
+def spec_of_dtensor(dtensor: DTensor) -> DTensorSpec:
+    return dtensor._spec
+
+
+def make_dtensor(local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool) -> DTensor:
+    """A DTensor of ``local_tensor`` with ``spec``, as torch's own Redistribute builds it."""
+    return DTensor(local_tensor, spec, requires_grad=requires_grad)
+
+
+# -- LocalTensorMode: simulated ranks in one process ----------------------------------
+
+
+def local_tensor_mode():
+    """The active LocalTensorMode, or None (real process groups)."""
+    return enabled_local_tensor_mode()
+
+
+def is_per_rank(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds one tensor per simulated rank (a LocalTensor)."""
+    return isinstance(x, LocalTensor)
+
+
+def map_per_rank(x: torch.Tensor, fn) -> torch.Tensor:
+    """``fn(rank, tensor)`` on each simulated rank's tensor, as one LocalTensor."""
+    return tensor_map(x, fn)
+
+
+def per_rank_tensors(x: torch.Tensor) -> dict | None:
+    """{rank: tensor} of a LocalTensor, None for a plain tensor."""
+    return getattr(x, "_local_tensors", None)
+
+
+def int_on_rank(c, rank: int) -> int:
+    """A coordinate LocalTensorMode gives as a per-rank SymInt (or a constant), on ``rank``."""
+    if isinstance(c, torch.SymInt):
+        node = c.node
+        values = getattr(node, "_local_ints", None)
+        if values is not None:
+            return int(values[rank])
+        return int(node.maybe_as_int() if hasattr(node, "maybe_as_int") else node.int_())
+    return int(c)

@@ -102,7 +102,7 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
     do_both()
     # The eager hot path: what redist_opt.redistribute does per call once planned
     # (Placement objects in, one dictionary lookup for the naive and optimized plans).
-    from redist_opt.api.core import _plans_for
+    from redist_opt.api.planning import plans_for as _plans_for
 
     hot_key = (
         spec,

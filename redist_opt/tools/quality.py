@@ -396,7 +396,7 @@ def _run_torch(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
 def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh, recorder) -> dict:
     """Execute our plans of the simulation shape: they must issue exactly the collectives
     (kind and ranks, in order) and the bytes they claim."""
-    from redist_opt.api import core as api
+    from redist_opt.api import planning as api
     from redist_opt.ir.layout import rank_lists
     from redist_opt.ir.placements import RedistributeError
     from redist_opt.runtime.execute import execute
@@ -437,7 +437,7 @@ def _op_str(kind, group, nbytes, spec) -> str:
 
 
 def _run_ours(case: CorpusCase, model) -> dict:
-    from redist_opt.api import core as api
+    from redist_opt.api import planning as api
     from redist_opt.ir.placements import RedistributeError
 
     spec = case.spec()

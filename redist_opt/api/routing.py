@@ -1,0 +1,161 @@
+"""``enabled()``: route every DTensor redistribution through redist_opt.
+
+``enabled()`` replaces torch's ``redistribute_local_tensor`` in the namespaces that
+call it (listed in ``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``) with
+:func:`routed_redistribute_local_tensor`. The patch is process-wide (the name is a
+module global) and installed once, reference-counted; which options apply is
+per thread: the calling thread's innermost enabled() block, or, for a thread
+that entered none (autograd's device threads run backward on GPUs), the most
+recently entered block of any thread. Outside every block the patched name
+calls torch's function unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.tensor.placement_types import Partial
+
+from redist_opt.api import eager
+from redist_opt.api.errors import as_torch_error, check_groups, warn_once
+from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
+from redist_opt.runtime import torch_dtensor as tdt
+
+__all__ = ["enabled", "active_options", "routed_redistribute_local_tensor", "LOWERED_REDUCE_OPS"]
+
+# Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
+# every c10d reduce op, "prod" included) is run by torch's redistribute.
+LOWERED_REDUCE_OPS = REDUCE_OPS
+
+_route_lock = threading.Lock()
+_route_entries: list = []  # [(token, thread id, options)] in entry order
+_route_previous: dict | None = None  # what install_redistribute_local replaced
+_route_local = threading.local()
+
+
+def active_options() -> dict | None:
+    """The options of the enabled() block that applies to the calling thread, or None."""
+    stack = getattr(_route_local, "stack", None)
+    if stack:
+        return stack[-1][1]
+    entries = _route_entries
+    return entries[-1][2] if entries else None
+
+
+def _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only) -> str | None:
+    """Why this call must run through torch's own function (None: redist_opt plans it)."""
+    if torch_only:
+        return f"torch passed arguments redist_opt does not model: {sorted(torch_only)}"
+    if use_graph_based_transform:
+        return "torch's graph-based planner was requested (use_graph_based_transform=True)"
+    if current_spec.mesh != target_spec.mesh:
+        return "the source and target meshes differ"  # torch raises its own error for this
+    if tdt.shape_is_symbolic(current_spec):
+        return (
+            f"the global shape {tuple(current_spec.shape)} is symbolic (dynamic shapes); "
+            "redist_opt plans concrete shapes only"
+        )
+    return tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(current_spec, target_spec)
+
+
+def routed_redistribute_local_tensor(
+    local_tensor,
+    current_spec,
+    target_spec,
+    *,
+    async_op: bool = False,
+    use_graph_based_transform=None,
+    is_explicit: bool = False,
+    **torch_only,
+):
+    """Stands in for torch's ``redistribute_local_tensor`` inside ``enabled()``."""
+
+    def torch_fn():
+        return tdt.TORCH_REDISTRIBUTE_LOCAL(
+            local_tensor, current_spec, target_spec, async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform, is_explicit=is_explicit, **torch_only,
+        )
+
+    if torch.compiler.is_dynamo_compiling():
+        # Dynamo traces torch's own code; AOTAutograd, which runs after it, comes
+        # back here with Dynamo off and traces our plan into the graph.
+        return torch_fn()
+    options = active_options()
+    if options is None:
+        return torch_fn()
+    reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
+    if reason is not None:
+        warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
+        return torch_fn()
+    summary = f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
+    with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):
+        try:
+            return eager.redistribute_local_tensor(
+                local_tensor, current_spec, target_spec, async_op=async_op, **options
+            )
+        except RedistributeError as ours:
+            raise as_torch_error(ours, local_tensor, current_spec, target_spec) from None
+
+
+def _unlowered_reduce_op(current_spec, target_spec) -> str | None:
+    for spec in (current_spec, target_spec):
+        for p in spec.placements:
+            if isinstance(p, Partial) and p.reduce_op not in LOWERED_REDUCE_OPS:
+                return f"Partial({p.reduce_op!r}) is not lowered by redist_opt"
+    return None
+
+
+@contextlib.contextmanager
+def enabled(groups: str | Sequence = "existing", **options):
+    """Route every DTensor redistribution through redist_opt inside the block.
+
+    Covers explicit ``DTensor.redistribute`` and ``full_tensor``, implicit reshards
+    of op inputs, the backward of all of those, gradients arriving through
+    ``from_local`` / ``to_local(grad_placements=...)``, and ``torch.compile``
+    called inside the block (AOTAutograd traces our plans into the forward and
+    backward graphs). ``options`` (passes, cost, prefer) go to :func:`optimize`.
+    Nests; the innermost block of the calling thread decides the options.
+    """
+    check_groups(groups)
+    unknown = set(options) - {"passes", "cost", "prefer"}
+    if unknown:
+        raise RedistributeError(f"enabled(): unknown options {sorted(unknown)} (expected passes, cost, prefer)")
+    if options.get("passes") is not None:
+        options["passes"] = tuple(options["passes"])
+    entry_options = dict(groups=groups if isinstance(groups, str) else tuple(groups), **options)
+    token, stack = _enter(entry_options)
+    try:
+        yield
+    finally:
+        _leave(token, stack)
+
+
+def _enter(entry_options: dict) -> tuple[object, list]:
+    """Push a block's options on this thread's stack (installing the patch for the
+    first block of the process); returns the block's token and the stack."""
+    global _route_previous
+    token = object()
+    stack = getattr(_route_local, "stack", None)
+    if stack is None:
+        stack = _route_local.stack = []
+    with _route_lock:
+        if not _route_entries:
+            _route_previous = tdt.install_redistribute_local(routed_redistribute_local_tensor)
+        _route_entries.append((token, threading.get_ident(), entry_options))
+    stack.append((token, entry_options))
+    return token, stack
+
+
+def _leave(token: object, stack: list) -> None:
+    """Remove the block ``token`` (and the patch with the last block of the process)."""
+    global _route_previous
+    stack[:] = [e for e in stack if e[0] is not token]
+    with _route_lock:
+        _route_entries[:] = [e for e in _route_entries if e[0] is not token]
+        if not _route_entries:
+            tdt.restore_redistribute_local(_route_previous, routed_redistribute_local_tensor)
+            _route_previous = None
+
