@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
+from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, loadavg, timed_samples, torch_version, wait
 from redist_opt.tools.units import format_size, parse_sizes
@@ -216,8 +217,6 @@ def calibrate(
     creation = [max(ts) for ts in zip(*(r["creation"] for r in per_rank))]
     fit = fit_alpha_beta(measurements)
     model = fit.model(name=f"gloo-calibrated-{nprocs}", create_group=statistics.median(creation))
-    from redist_opt.ir.mesh import MeshSpec
-
     spec = MeshSpec(sizes=mesh_sizes, names=names)
     for m in measurements:
         m["model"] = model.collective_time(m["kind"], spec.group(tuple(m["dims"])), m["nbytes"], spec)
