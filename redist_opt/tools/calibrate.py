@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import init_device_mesh
 
 from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
 from redist_opt.ir.mesh import MeshSpec
@@ -33,11 +40,6 @@ DEFAULT_CALIBRATE_SIZES = "1KiB..4MiB*4"
 
 
 def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: int, warmup: int) -> dict:
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch.distributed.device_mesh import init_device_mesh
-
     start = time.perf_counter()
     mesh = init_device_mesh("cpu", tuple(mesh_sizes), mesh_dim_names=tuple(names))
     groups = [(names[d], (d,), mesh.get_group(d)) for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
@@ -115,10 +117,6 @@ def _variant_label(algorithm: str, rs_as_ar: bool) -> str:
 
 def _nnls(rows: list[list[float]], rhs: list[float]) -> tuple[list[float], float]:
     """Non-negative least squares by enumerating active sets (few unknowns): (x, residual)."""
-    import itertools
-
-    import numpy as np
-
     A = np.asarray(rows, dtype=float)
     b = np.asarray(rhs, dtype=float)
     n = A.shape[1]

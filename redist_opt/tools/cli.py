@@ -188,8 +188,9 @@ def _parse_case(text: str) -> tuple[str, str]:
     return src, dst
 
 
-def _run_wall(args, sizes, cases, cost, result: dict) -> int:
-    """The wall-clock part: 0, or 1 when the ranks failed or a result differs from torch's."""
+def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
+    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
+    torch's, or None when the ranks failed (nothing to report)."""
     print(
         f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
         flush=True,
@@ -198,7 +199,7 @@ def _run_wall(args, sizes, cases, cost, result: dict) -> int:
         res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
     except SpawnError as e:
         print(f"redist-opt bench: {e}", file=sys.stderr)
-        return 1
+        return None
     result["wall"] = res
     print(bench.format_wall(res))
     if not all(r["equal"] for r in res["rows"]):
@@ -226,8 +227,8 @@ def cmd_bench(args) -> int:
         print(flush=True)
     if args.part in ("all", "wall"):
         exit_code = _run_wall(args, sizes, cases, cost, result)
-        if "wall" not in result:
-            return exit_code
+        if exit_code is None:
+            return 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

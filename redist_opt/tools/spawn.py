@@ -18,6 +18,10 @@ import time
 import traceback
 from collections.abc import Callable
 
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
 __all__ = ["SpawnError", "run_ranks", "free_port", "quiet_torch_logs"]
 
 
@@ -53,9 +57,6 @@ def quiet_torch_logs():
 
 
 def _rank_entry(rank: int, target: Callable, world: int, port: int, queue, timeout: float, args: tuple) -> None:
-    import torch
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
@@ -83,8 +84,6 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     :class:`SpawnError` with that rank's traceback; ranks that do not report within
     ``timeout`` seconds are terminated and reported.
     """
-    import torch.multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
