@@ -33,7 +33,7 @@ from redist_opt import ir
 from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.placements import placement_str, placements_str
-from redist_opt.debug.visualize import plan_to_dot
+from redist_opt.debug.dot import plan_to_dot
 
 __all__ = [
     "format_plan",

@@ -2,8 +2,8 @@
 
 Everything here is written by our own code (no graphviz binary, no browser):
 
-* :func:`plans_to_dot` / :func:`plan_to_dot`: the IR graph of one or more plans
-  as Graphviz DOT text, one cluster per plan, collectives highlighted, and
+* :func:`plans_to_dot` / :func:`plan_to_dot` (from :mod:`redist_opt.debug.dot`):
+  the IR graph of one or more plans as Graphviz DOT text, one cluster per plan, collectives highlighted, and
   dashed edges for provenance (``node.meta["from_node"]``: which nodes of the
   previous plan a pass rewrote into this one).
 * :func:`plan_graph_svg`: the same graph drawn as SVG with a simple layered
@@ -22,18 +22,15 @@ plan graph is ``<g class="node" data-plan=... data-node=... data-op=...>`` with 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 import networkx as nx
 
-from redist_opt import ir
 from redist_opt.debug import svg
+from redist_opt.debug.dot import node_fill, node_label_lines, plan_caption, plan_graph, plan_to_dot, plans_to_dot
 from redist_opt.debug.mesh_diagram import MAX_DRAWN_RANKS, mesh_svg
 from redist_opt.debug.svg import LINE_H, write_text
-from redist_opt.ir import layout as L
-from redist_opt.ir import symbolic as sym
 
 __all__ = [
     "plan_graph",
@@ -45,169 +42,6 @@ __all__ = [
     "node_label_lines",
     "MAX_DRAWN_RANKS",
 ]
-
-COLLECTIVE_FILL = {
-    "all_reduce": "#f6bd60",
-    "reduce_scatter": "#f28482",
-    "all_gather": "#9ed2b4",
-    "all_to_all": "#b9b5f0",
-}
-LOCAL_FILL = "#ffffff"
-TERMINAL_FILL = "#eeeeee"
-
-
-# -- the graph -----------------------------------------------------------------
-
-
-def _arg_str(a, names) -> str:
-    if isinstance(a, sym.sympy.Basic):
-        return sym.expr_str(a, names)
-    if hasattr(a, "layout") and hasattr(a, "dims"):
-        return "+".join(names.get(d, str(d)) for d in a.dims) + " " + L.format_layout(a.layout)
-    if isinstance(a, (tuple, list)):
-        return "(" + ", ".join(_arg_str(x, names) for x in a) + (",)" if len(a) == 1 else ")")
-    return repr(a) if isinstance(a, str) else str(a)
-
-
-def _named_args(node, names) -> str:
-    """``tp 2:1, dim=1``: the group bare, other parameters by name (from the op's signature)."""
-    op = ir.OPS.get(ir.ir_name(node))
-    try:
-        params = list(inspect.signature(op.shape_fn).parameters)[1:]
-    except (TypeError, ValueError, AttributeError):
-        params = []
-    parts = []
-    for i, a in enumerate(node.args[1:]):
-        text = _arg_str(a, names)
-        if hasattr(a, "layout") and hasattr(a, "dims"):
-            parts.append(text)
-        elif i < len(params):
-            parts.append(f"{params[i]}={text}")
-        else:
-            parts.append(text)
-    return ", ".join(parts)
-
-
-def node_label_lines(plan, node, bytes_in: int | None = None) -> list[str]:
-    """The text of one IR node in a picture: op, arguments, local shape, bytes, provenance."""
-    names = plan.mesh.dim_names_by_index()
-    shape = "(" + ", ".join(sym.expr_str(s, names) for s in node.meta.get("shape", ())) + ")"
-    if node.op == "placeholder":
-        return [f"%{node.name}: input", shape]
-    if node.op == "output":
-        return [f"return %{node.args[0].name}"]
-    lines = [f"%{node.name} = {ir.ir_name(node)}", _named_args(node, names), shape]
-    if bytes_in is not None:
-        lines.append(f"{bytes_in} B in per rank")
-    src = ir.from_nodes(node)
-    if src:
-        lines.append("<- " + ", ".join("%" + s for s in src))
-    return lines
-
-
-def plan_graph(plans: Sequence[tuple[str, object]]) -> nx.DiGraph:
-    """One DiGraph holding the IR of every ``(label, plan)``.
-
-    Nodes are ``(label, node_name)`` with attributes ``plan``, ``name``, ``op``
-    (IR op, ``input`` or ``output``), ``collective``, ``lines`` (label text);
-    edges have ``kind`` ``"flow"`` (data flow inside a plan) or ``"from"``
-    (provenance: a node of the previous plan that a pass rewrote into this one).
-    """
-    g = nx.DiGraph()
-    previous_names: set[str] = set()
-    previous_label = None
-    for label, plan in plans:
-        if plan.graph is None:
-            g.add_node((label, "fallback"), plan=label, name="fallback", op="fallback",
-                       collective=False, lines=["torch's own path:", str(plan.fallback_reason)])
-            previous_names, previous_label = set(), label
-            continue
-        bytes_of = {c.node: c.bytes_in for c in plan.collectives()}
-        names_here = set()
-        for node in plan.graph.graph.nodes:
-            op = {"placeholder": "input", "output": "output"}.get(node.op) or ir.ir_name(node) or node.op
-            g.add_node(
-                (label, node.name),
-                plan=label,
-                name=node.name,
-                op=op,
-                collective=ir.is_collective(node),
-                lines=node_label_lines(plan, node, bytes_of.get(node.name)),
-            )
-            names_here.add(node.name)
-            for inp in node.all_input_nodes:
-                g.add_edge((label, inp.name), (label, node.name), kind="flow")
-            if previous_label is not None:
-                for src in ir.from_nodes(node):
-                    if src in previous_names:
-                        g.add_edge((previous_label, src), (label, node.name), kind="from")
-        previous_names, previous_label = names_here, label
-    return g
-
-
-# -- DOT -----------------------------------------------------------------------
-
-
-def _dot_id(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _dot_label(lines: Sequence[str]) -> str:
-    body = "".join(line.replace("\\", "\\\\").replace('"', '\\"') + "\\l" for line in lines)
-    return '"' + body + '"'
-
-
-def plans_to_dot(plans: Sequence[tuple[str, object]], *, name: str = "redist_opt") -> str:
-    """Graphviz DOT text for the IR of every ``(label, plan)``, one cluster each."""
-    g = plan_graph(plans)
-    out = [
-        f"digraph {_dot_id(name)} {{",
-        "  rankdir=TB;",
-        '  node [shape=box, fontname="monospace", fontsize=10, style="rounded,filled", fillcolor="#ffffff"];',
-        '  edge [fontname="monospace", fontsize=9];',
-    ]
-    for i, (label, plan) in enumerate(plans):
-        out.append(f"  subgraph cluster_{i} {{")
-        out.append(f"    label={_dot_id(label + ': ' + _plan_caption(plan))};")
-        out.append('    fontname="monospace";')
-        for n, data in g.nodes(data=True):
-            if data["plan"] != label:
-                continue
-            fill = _node_fill(data)
-            style = '"rounded,filled,bold"' if data["collective"] else '"rounded,filled"'
-            out.append(
-                f"    {_dot_id(label + '/' + data['name'])} [label={_dot_label(data['lines'])}, "
-                f'fillcolor="{fill}", style={style}];'
-            )
-        out.append("  }")
-    for u, v, data in g.edges(data=True):
-        a, b = _dot_id(u[0] + "/" + u[1]), _dot_id(v[0] + "/" + v[1])
-        if data["kind"] == "flow":
-            out.append(f"  {a} -> {b};")
-        else:
-            out.append(f'  {a} -> {b} [style=dashed, color="#888888", constraint=false];')
-    out.append("}")
-    return "\n".join(out) + "\n"
-
-
-def plan_to_dot(plan, *, name: str = "plan") -> str:
-    """DOT text for one plan's IR."""
-    return plans_to_dot([(name, plan)], name=name)
-
-
-def _plan_caption(plan) -> str:
-    if plan.fallback:
-        return "runs through torch"
-    n = plan.num_collectives
-    return f"{n} collective{'s' if n != 1 else ''}, {plan.bytes_per_rank} B in per rank"
-
-
-def _node_fill(data) -> str:
-    if data["collective"]:
-        return COLLECTIVE_FILL.get(data["op"], "#f6bd60")
-    if data["op"] in ("input", "output", "fallback"):
-        return TERMINAL_FILL
-    return LOCAL_FILL
 
 
 # -- plan graph as SVG ---------------------------------------------------------
@@ -246,7 +80,7 @@ def _layout(g: nx.DiGraph, plans) -> tuple[dict, list, float, float]:
         }
         col_w = max(
             [sum(sizes[n][0] for n in layer) + _BOX_GAP * (len(layer) - 1) for layer in layers]
-            + [svg.text_w(label + ": " + _plan_caption(plan)) + 4]
+            + [svg.text_w(label + ": " + plan_caption(plan)) + 4]
         )
         y = _PAD + _HEAD
         for layer in layers:
@@ -291,7 +125,7 @@ def _node_svg(d: dict, box) -> list[str]:
         f'data-node={quoteattr(d["name"])} data-op={quoteattr(d["op"])}>',
         f"<title>{escape(chr(10).join(d['lines']))}</title>",
         f'<rect x="{bx:.1f}" y="{by:.1f}" width="{bw:.1f}" height="{bh:.1f}" rx="6" '
-        f'fill="{_node_fill(d)}" stroke="{stroke}" stroke-width="{sw}"/>',
+        f'fill="{node_fill(d)}" stroke="{stroke}" stroke-width="{sw}"/>',
     ]
     for i, line in enumerate(d["lines"]):
         weight = "bold" if i == 0 and d["collective"] else None
@@ -317,7 +151,7 @@ def plan_graph_svg(plans: Sequence[tuple[str, object]] | object, *, title: str |
     out.append(_MARKERS)
     for label, plan, cx, _, _ in columns:
         out.append(svg.text(cx, _PAD + 14, label, weight="bold", size=14))
-        out.append(svg.text(cx, _PAD + 30, _plan_caption(plan), size=11, fill="#555555"))
+        out.append(svg.text(cx, _PAD + 30, plan_caption(plan), size=11, fill="#555555"))
     for u, v, d in g.edges(data=True):
         out.append(_edge_svg(d["kind"], boxes[u], boxes[v]))
     for n, d in g.nodes(data=True):
