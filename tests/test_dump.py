@@ -14,57 +14,20 @@ says which are missing); write it with an empty string and accept.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import expecttest
 import pytest
-import torch
 
 import redist_opt
-from redist_opt.debug import dump
+from redist_opt.debug import dump, explain
+from redist_opt.debug.units import format_bytes, format_time
 
-ROOT = Path(__file__).resolve().parent.parent
-CASES_FILE = ROOT / "fixtures" / "cases.json"
-
-
-def load_cases() -> dict[str, dict]:
-    """The fixture cases by id (fixtures/cases.json)."""
-    data = json.loads(CASES_FILE.read_text())
-    return {c["id"]: c for c in data["cases"]}
-
-
-def case_spec(case: dict) -> redist_opt.MeshSpec:
-    sizes, names = [], []
-    for part in case["mesh"].split(","):
-        name, size = part.split("=")
-        names.append(name.strip())
-        sizes.append(int(size))
-    return redist_opt.MeshSpec(sizes=tuple(sizes), names=tuple(names), flattened=tuple(case["flatten"]))
-
-
-def case_plans(case: dict):
-    """(naive, optimized) plans of a fixture case."""
-    spec = case_spec(case)
-    naive = redist_opt.plan(
-        spec, case["src"], case["dst"], shape=tuple(case["shape"]), dtype=getattr(torch, case["dtype"])
-    )
-    return naive, redist_opt.optimize(naive, groups=case["groups"])
-
-
-def case_argv(case: dict) -> list[str]:
-    """The ``redist-opt explain`` arguments of a fixture case."""
-    argv = ["explain", "--mesh", case["mesh"], "--src", case["src"], "--dst", case["dst"]]
-    argv += ["--shape", ",".join(map(str, case["shape"])), "--dtype", case["dtype"], "--groups", case["groups"]]
-    for f in case["flatten"]:
-        argv += ["--flatten", f]
-    return argv
+from explain_cases import case_plans, load_cases
 
 
 def render(case_id: str) -> str:
     case = load_cases()[case_id]
     naive, optimized = case_plans(case)
-    return dump.format_explain(naive, optimized, groups=case["groups"]) + "\n"
+    return explain.format_explain(naive, optimized, groups=case["groups"]) + "\n"
 
 
 class TestGoldens(expecttest.TestCase):
@@ -589,13 +552,19 @@ IR (optimized):
 
 
 def test_format_bytes_and_time():
-    assert dump.format_bytes(0) == "0 B"
-    assert dump.format_bytes(1023) == "1023 B"
-    assert dump.format_bytes(1536) == "1.5 KiB"
-    assert dump.format_bytes(16 * 2**20) == "16.0 MiB"
-    assert dump.format_time(None) == "-"
-    assert dump.format_time(12.34e-6) == "12.3 us"
-    assert dump.format_time(2.5e-3) == "2.50 ms"
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1023) == "1023 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(16 * 2**20) == "16.0 MiB"
+    assert format_time(None) == "-"
+    assert format_time(12.34e-6) == "12.3 us"
+    assert format_time(2.5e-3) == "2.50 ms"
+    assert format_bytes(None) == "-"
+    # the quality report's digits, and the exact spelling a size list reads back
+    assert format_bytes(16 * 2**20, digits=".4g") == "16 MiB"
+    assert format_bytes(1234567, digits=".4g") == "1.177 MiB"
+    assert format_bytes(65536, sep="", exact=True) == "64KiB"
+    assert format_bytes(1536, sep="", exact=True) == "1536B"
 
 
 def test_str_plan_is_format_plan():
@@ -611,9 +580,9 @@ def test_str_plan_is_format_plan():
 def test_long_rank_lists_are_elided_in_text():
     spec = redist_opt.MeshSpec(sizes=(4, 64), names=("dp", "tp"))
     p = redist_opt.plan(spec, "R,P", "R,R", shape=(64,))
-    text = dump.format_explain(p, p, rank_limit=1)
+    text = explain.format_explain(p, p, rank_limit=1)
     assert "[0,1,2,3,4,5,...,63] +3 more" in text
-    data = dump.explain_data(p, p, rank_limit=1)
+    data = explain.explain_data(p, p, rank_limit=1)
     assert data["plans"]["naive"]["collectives"][0]["group"]["rank_lists"] == [list(range(64))]
 
 

@@ -18,10 +18,11 @@ import pytest
 
 import redist_opt
 from redist_opt.tools import cli
-from redist_opt.debug import dump
+from redist_opt.debug import dump, explain
+from redist_opt.debug.units import format_bytes, format_time
 from redist_opt.ir.cost import CostModel
 
-from test_dump import case_argv, case_plans, load_cases
+from explain_cases import case_argv, case_plans, load_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCEPTANCE = ["explain", "--mesh", "a=2,b=2,c=2", "--flatten", "a+c", "--src", "P,P,P", "--dst", "R,S(0),R",
@@ -52,8 +53,8 @@ def test_acceptance_text(capsys):
                 l for l in out.splitlines()
                 if f" {c.kind}" in l and f" {L_fmt(c.group)} " in l and c.group.name(plan.mesh) in l
             )
-            assert dump.format_bytes(c.bytes_in) in line
-            assert dump.format_time(model.collective_time(c.kind, c.group, c.bytes_in, plan.mesh)) in line
+            assert format_bytes(c.bytes_in) in line
+            assert format_time(model.collective_time(c.kind, c.group, c.bytes_in, plan.mesh)) in line
     assert "[0,4] [1,5] +2 more" in out  # rank lists of the first groups of a (2:4)
     assert "naive/optimized:" in out and "modelled time" in out
     # the notes: every decision a pass recorded, with its reason
@@ -72,7 +73,7 @@ def test_acceptance_json(capsys):
     code, out, err = run(ACCEPTANCE + ["--format", "json"], capsys)
     assert code == 0, err
     data = json.loads(out)
-    assert data["schema"] == dump.SCHEMA
+    assert data["schema"] == explain.SCHEMA
     assert data["request"]["mesh"] == {"sizes": [2, 2, 2], "names": ["a", "b", "c"], "num_ranks": 8,
                                        "flattened": ["a+c"]}
     assert data["request"]["src"] == ["P", "P", "P"] and data["request"]["dst"] == ["R", "S(0)", "R"]
@@ -88,12 +89,12 @@ def test_acceptance_json(capsys):
     # same content as the library call
     naive_p, optimized_p = case_plans(load_cases()["design1_nonconsecutive_reductions"])
     assert data == json.loads(json.dumps(
-        dump.explain_data(naive_p, optimized_p, cost_model=CostModel.default(), groups="existing")
+        explain.explain_data(naive_p, optimized_p, cost_model=CostModel.default(), groups="existing")
     ))
 
 
 def test_json_schema_keys_are_stable(capsys):
-    """The documented top-level, plan and collective keys (see redist_opt/dump.py)."""
+    """The documented top-level, plan and collective keys (see redist_opt/debug/explain.py)."""
     code, out, _ = run(case_argv(load_cases()["design3_uneven_all_gather"]) + ["--format", "json"], capsys)
     data = json.loads(out)
     assert set(data) == {"schema", "request", "cost_model", "plans", "ratio", "notes"}

@@ -129,6 +129,23 @@ def test_time_only_worse_is_listed(result):
     assert [w["policy"] for w in quality.find_worse(fake)] == ["existing"]
 
 
+def test_torch_log_levels_are_restored():
+    """The bench quiets torch's redistribution loggers for its own run only."""
+    import logging
+
+    names = ("torch.distributed.tensor._redistribute", "torch.distributed.tensor._collective_utils")
+    loggers = [logging.getLogger(n) for n in names]
+    before = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.INFO)
+        quality.quality_bench([BY_ID["hsdp_grad"]], verify=False)
+        assert [lg.level for lg in loggers] == [logging.INFO] * len(loggers)
+    finally:
+        for lg, level in zip(loggers, before):
+            lg.setLevel(level)
+
+
 def test_unsupported_case_is_listed_not_raised():
     case = BY_ID["loss_parallel_mixed"]
     res = quality.quality_bench([case], verify=True)
@@ -176,7 +193,7 @@ def test_arguments_fit_beside_the_bench_options():
     p.add_argument("--case", action="append")
     p.add_argument("--json")
     p.add_argument("--profile")
-    quality.add_quality_arguments(p)  # no argparse conflict
+    quality.add_quality_arguments(p, common=False)  # no argparse conflict
     args = p.parse_args(["--corpus-case", "hsdp_grad", "--profile", "gloo", "--json", "x.json"])
     assert args.corpus_case == ["hsdp_grad"] and args.profile == "gloo" and args.report is None
 

@@ -16,8 +16,14 @@ import time
 from collections.abc import Sequence
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
 
+import redist_opt
+from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
+from redist_opt.runtime.torch_dtensor import reference_semantics
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, timed_samples, wait
 from redist_opt.tools.units import format_size
@@ -37,96 +43,74 @@ PLANNING_CASE = dict(
 )
 
 
-def _optimize_kwargs(cost: CostModel | None) -> dict:
-    """``cost=`` for ``redist_opt.optimize`` when it takes one (else the profile is not used)."""
-    import inspect
+def _planning_spec():
+    c = PLANNING_CASE
+    return redist_opt.MeshSpec(sizes=c["sizes"], names=c["names"], flattened=c["flattened"])
 
-    import redist_opt
 
-    if cost is not None and "cost" in inspect.signature(redist_opt.optimize).parameters:
-        return {"cost": cost}
-    return {}
+def _times(fn, n: int, *, before=None, warm: bool = False) -> list[float]:
+    """Seconds per call of ``fn``, ``n`` calls; ``before()`` runs untimed before each call
+    (clearing caches), ``warm``: a few untimed calls first (the first calls after a clear allocate)."""
+    if warm:
+        for _ in range(min(n, 200)):
+            fn()
+    ts = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return ts
+
+
+def _timing_row(what: str, mode: str, ts: Sequence[float]) -> dict:
+    return {
+        "what": what,
+        "mode": mode,
+        "runs": len(ts),
+        "median_us": statistics.median(ts) * 1e6,
+        "p10_us": _quantile(ts, 0.1) * 1e6,
+        "p90_us": _quantile(ts, 0.9) * 1e6,
+    }
 
 
 def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel | None = None) -> dict:
     """Microseconds per ``plan`` and ``plan`` + ``optimize`` call, uncached and cached."""
-    import importlib
-
-    import redist_opt
-
-    # ``redist_opt.plan`` is the function; the module defines the cache.
-    plan_mod = importlib.import_module("redist_opt.ir.plan")
-    pipeline = importlib.import_module("redist_opt.pipeline")
-
     c = PLANNING_CASE
-    spec = redist_opt.MeshSpec(sizes=c["sizes"], names=c["names"], flattened=c["flattened"])
-    kw = _optimize_kwargs(cost)
-
-    def clear():
-        plan_mod._make_plan_cached.cache_clear()
-        pipeline._run_cached.cache_clear()
+    spec = _planning_spec()
 
     def do_plan():
         return redist_opt.plan(spec, c["src"], c["dst"], shape=c["shape"])
 
     def do_both():
-        return redist_opt.optimize(do_plan(), groups="existing", **kw)
+        return redist_opt.optimize(do_plan(), groups="existing", cost=cost)
 
-    def per_call(fn, n, uncached):
-        if not uncached:
-            for _ in range(min(n, 200)):  # warm: first calls after a clear allocate
-                fn()
-        ts = []
-        for _ in range(n):
-            if uncached:
-                clear()
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return ts
-
-    out = {}
-    # Uncached optimize alone: plan once (cached), clear only the pipeline cache.
+    # Uncached optimize alone: planned once, then every cache cleared before each
+    # call (the plan is given, so clearing the plan cache does not touch it).
     p = do_plan()
-    opt_ts = []
-    for _ in range(runs):
-        pipeline._run_cached.cache_clear()
-        t0 = time.perf_counter()
-        redist_opt.optimize(p, groups="existing", **kw)
-        opt_ts.append(time.perf_counter() - t0)
     rows = [
-        ("plan", "uncached", per_call(do_plan, runs, True)),
-        ("optimize", "uncached", opt_ts),
-        ("plan+optimize", "uncached", per_call(do_both, runs, True)),
-    ]
+        ("plan", "uncached", _times(do_plan, runs, before=redist_opt.clear_caches)),
+        ("optimize", "uncached",
+         _times(lambda: redist_opt.optimize(p, groups="existing", cost=cost), runs, before=redist_opt.clear_caches)),
+        ("plan+optimize", "uncached", _times(do_both, runs, before=redist_opt.clear_caches)),
+    ]  # fmt: skip
     do_both()
     # The eager hot path: what redist_opt.redistribute does per call once planned
     # (Placement objects in, one dictionary lookup for the naive and optimized plans).
-    from redist_opt.api.planning import plans_for as _plans_for
-
     hot_key = (
         spec,
         redist_opt.parse_placements(c["src"]),
         redist_opt.parse_placements(c["dst"]),
         tuple(c["shape"]),
         torch.float32,
-        ("existing", None, kw.get("cost"), "time"),
+        ("existing", None, cost, "time"),
     )
     rows += [
-        ("plan", "cached", per_call(do_plan, cached_runs, False)),
-        ("plan+optimize", "cached", per_call(do_both, cached_runs, False)),
-        ("redistribute hot path", "cached", per_call(lambda: _plans_for(*hot_key), cached_runs, False)),
+        ("plan", "cached", _times(do_plan, cached_runs, warm=True)),
+        ("plan+optimize", "cached", _times(do_both, cached_runs, warm=True)),
+        ("redistribute hot path", "cached", _times(lambda: plans_for(*hot_key), cached_runs, warm=True)),
     ]
-    for what, mode, ts in rows:
-        out[f"{what} {mode}"] = {
-            "what": what,
-            "mode": mode,
-            "runs": len(ts),
-            "median_us": statistics.median(ts) * 1e6,
-            "p10_us": _quantile(ts, 0.1) * 1e6,
-            "p90_us": _quantile(ts, 0.9) * 1e6,
-        }
-    final = do_both()
     return {
         "case": {
             "mesh": spec.shape_str,
@@ -136,9 +120,9 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
             "shape": list(c["shape"]),
             "ranks": spec.num_ranks,
         },
-        "cost_profile_used": bool(kw),
-        "collectives": final.num_collectives,
-        "timings": out,
+        "cost_profile_used": cost is not None,
+        "collectives": do_both().num_collectives,
+        "timings": {f"{what} {mode}": _timing_row(what, mode, ts) for what, mode, ts in rows},
     }
 
 
@@ -186,20 +170,11 @@ def bench_shape(nbytes: int, itemsize: int = 4) -> tuple[int, int]:
 
 
 def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, cost_dict) -> list:
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, distribute_tensor
-    from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
-    from torch.distributed.tensor.debug import CommDebugMode
-
-    import redist_opt
-
     sizes_, names = WALL_MESH
     mesh = init_device_mesh("cpu", sizes_, mesh_dim_names=names)
     # A flattened a+b group, so torch's merge pass (and our groups="existing") can merge.
     mesh[names]._flatten()
     cost = CostModel.from_dict(cost_dict) if cost_dict is not None else None
-    ours_kw = _redistribute_kwargs(cost)
 
     def sync(dt):
         wait(dt._local_tensor)
@@ -221,16 +196,15 @@ def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, c
                     shape=full.shape, stride=full.stride(),
                 )  # fmt: skip
 
-            def f_torch(dt=dt, dst_p=dst_p):
-                with disable_redistribute_transform_optimization(False):
-                    return sync(dt.redistribute(mesh, dst_p))
+            def f_torch(dt=dt, dst_p=dst_p):  # torch as shipped: its merge pass on
+                return sync(dt.redistribute(mesh, dst_p))
 
             def f_nomerge(dt=dt, dst_p=dst_p):
-                with disable_redistribute_transform_optimization():
+                with reference_semantics():
                     return sync(dt.redistribute(mesh, dst_p))
 
             def f_ours(dt=dt, dst_p=dst_p):
-                return sync(redist_opt.redistribute(dt, dst_p, groups="existing", **ours_kw))
+                return sync(redist_opt.redistribute(dt, dst_p, groups="existing", cost=cost))
 
             # Merged reductions sum in another order: compare with a tolerance, and
             # record whether the results are also bitwise equal.
@@ -249,16 +223,6 @@ def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, c
                      equal=equal, bitwise=bitwise, collectives=counts, samples=samples)
             )  # fmt: skip
     return rows
-
-
-def _redistribute_kwargs(cost: CostModel | None) -> dict:
-    import inspect
-
-    import redist_opt
-
-    if cost is not None and "cost" in inspect.signature(redist_opt.redistribute).parameters:
-        return {"cost": cost}
-    return {}
 
 
 def wall_bench(
@@ -309,7 +273,7 @@ def wall_bench(
         "iters": iters,
         "warmup": warmup,
         "cost_profile": cost.name if cost is not None else None,
-        "cost_profile_used": bool(cost is not None and _redistribute_kwargs(cost)),
+        "cost_profile_used": cost is not None,
         "wall_s": wall,
         "rows": rows,
     }
@@ -321,8 +285,6 @@ MIN_FLAG_RATIO = 0.05
 
 def format_wall(res: dict) -> str:
     profile = res["cost_profile"] or "default (redist_opt's default model)"
-    if res["cost_profile"] and not res["cost_profile_used"]:
-        profile += " (not used: redistribute takes no cost=)"
     lines = [
         f"wall clock: {res['ranks']} gloo ranks, mesh a=2,b=2 with a+b flattened, "
         f"median of {res['iters']} samples (slowest rank), ms per redistribute; "

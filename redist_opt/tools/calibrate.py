@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import math
 import os
 import platform
@@ -21,7 +22,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import init_device_mesh
+
 from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
+from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, loadavg, timed_samples, torch_version, wait
 from redist_opt.tools.units import format_size, parse_sizes
@@ -32,11 +40,6 @@ DEFAULT_CALIBRATE_SIZES = "1KiB..4MiB*4"
 
 
 def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: int, warmup: int) -> dict:
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch.distributed.device_mesh import init_device_mesh
-
     start = time.perf_counter()
     mesh = init_device_mesh("cpu", tuple(mesh_sizes), mesh_dim_names=tuple(names))
     groups = [(names[d], (d,), mesh.get_group(d)) for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
@@ -114,10 +117,6 @@ def _variant_label(algorithm: str, rs_as_ar: bool) -> str:
 
 def _nnls(rows: list[list[float]], rhs: list[float]) -> tuple[list[float], float]:
     """Non-negative least squares by enumerating active sets (few unknowns): (x, residual)."""
-    import itertools
-
-    import numpy as np
-
     A = np.asarray(rows, dtype=float)
     b = np.asarray(rhs, dtype=float)
     n = A.shape[1]
@@ -216,8 +215,6 @@ def calibrate(
     creation = [max(ts) for ts in zip(*(r["creation"] for r in per_rank))]
     fit = fit_alpha_beta(measurements)
     model = fit.model(name=f"gloo-calibrated-{nprocs}", create_group=statistics.median(creation))
-    from redist_opt.ir.mesh import MeshSpec
-
     spec = MeshSpec(sizes=mesh_sizes, names=names)
     for m in measurements:
         m["model"] = model.collective_time(m["kind"], spec.group(tuple(m["dims"])), m["nbytes"], spec)

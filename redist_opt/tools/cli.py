@@ -1,79 +1,61 @@
 """The ``redist-opt`` command: ``demo``, ``explain``, ``calibrate`` and ``bench``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
+Values shared with the quality bench are parsed in :mod:`redist_opt.tools.args`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
 
-__all__ = ["main"]
+import redist_opt
+from redist_opt.debug import dump, explain, visualize
+from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
+from redist_opt.ir.placements import RedistributeError, normalize_placements
+from redist_opt.tools import bench, quality
+from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
+from redist_opt.tools.args import parse_shape, parse_size_list
+from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
+from redist_opt.tools.demo import run_demo
+from redist_opt.tools.spawn import SpawnError
+from redist_opt.tools.timing import load_warning, loadavg, torch_version
+from redist_opt.tools.units import format_size
+
+__all__ = ["main", "build_parser"]
 
 
-class CliError(Exception):
-    pass
+class _Parser(argparse.ArgumentParser):
+    """``one_line_errors``: a usage error is one line naming the argument, exit 2
+    (``explain``); otherwise argparse's usage and error."""
+
+    def __init__(self, *args, one_line_errors: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.one_line_errors = one_line_errors
+
+    def error(self, message: str):
+        if not self.one_line_errors:
+            super().error(message)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
-def _parse_mesh(text: str):
-    sizes, names = [], []
-    for i, part in enumerate(p for p in text.split(",") if p.strip()):
-        if "=" in part:
-            name, size = part.split("=", 1)
-        else:
-            name, size = f"d{i}", part
-        try:
-            sizes.append(int(size))
-        except ValueError:
-            raise CliError(f"--mesh: size {size!r} of dim {name!r} is not an integer") from None
-        if sizes[-1] < 1:
-            raise CliError(f"--mesh: size {sizes[-1]} of dim {name!r} must be >= 1")
-        names.append(name.strip())
-    if not sizes:
-        raise CliError("--mesh: give dims as name=size,... (e.g. dp=2,cp=2,tp=2)")
-    return tuple(sizes), tuple(names)
+# -- explain -----------------------------------------------------------------------------
 
 
-def _parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise CliError(f"--shape: {text!r} is not a comma-separated list of integers") from None
-
-
-def _parse_dtype(text: str):
-    import torch
-
-    dt = getattr(torch, text, None)
-    if not isinstance(dt, torch.dtype):
-        raise CliError(f"--dtype: unknown dtype {text!r} (e.g. float32, bfloat16)")
-    return dt
-
-
-def cmd_explain(args) -> int:
-    """``redist-opt explain``: the naive and optimized plans, their cost, and why.
-
-    Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
-    """
-    import contextlib
-    import dataclasses
-    import json
-
-    import redist_opt
-    from redist_opt.debug import dump
-    from redist_opt.debug import visualize
-    from redist_opt.ir.placements import RedistributeError, normalize_placements
-
-    spec = _explain_mesh(args.mesh, args.flatten or [])
+def _explain_request(args):
+    """(mesh spec, naive plan) of ``explain``'s arguments; every bad one raises CliError naming it."""
+    spec = mesh_spec(args.mesh, args.flatten or [])
     if args.backend:
         spec = dataclasses.replace(spec, backend=args.backend)
-    shape = _parse_shape(args.shape)
+    shape = parse_shape(args.shape)
     if any(s < 0 for s in shape):
         raise CliError(f"--shape: {args.shape!r} has a negative size")
-    dtype = _parse_dtype(args.dtype)
+    dtype = parse_dtype(args.dtype)
     for flag, text, role in (("--src", args.src, "source"), ("--dst", args.dst, "target")):
         try:
             normalize_placements(text, mesh_shape=spec.sizes, tensor_ndim=len(shape), role=role)
@@ -83,28 +65,52 @@ def cmd_explain(args) -> int:
         naive = redist_opt.plan(spec, args.src, args.dst, shape=shape, dtype=dtype)
     except RedistributeError as e:
         raise CliError(f"--src/--dst: {e}") from None
-    model, source = _explain_cost_model(args.cost_model, args.devices_per_host, spec)
-    if args.rank_lists < 0:
-        raise CliError(f"--rank-lists: {args.rank_lists} must be >= 0")
+    return spec, naive
 
-    dump_ctx = contextlib.nullcontext()
+
+def _explain_optimize(args, naive, model):
+    """The optimized plan; with ``--dump-dir``, the pipeline writes its per-pass dumps there."""
     if args.dump_dir is not None:
         try:
             os.makedirs(args.dump_dir, exist_ok=True)
         except OSError as e:
             raise CliError(f"--dump-dir: cannot create {args.dump_dir!r}: {e.strerror or e}") from None
-        dump_ctx = _explain_env(dump.DUMP_DIR_ENV, args.dump_dir)
-    with dump_ctx:
-        try:
-            dump.dump_pass_filter_from_env()
-            # Without --cost-model / --devices-per-host the pipeline resolves the same
-            # model itself, and records where it came from in the plan (and the dumps).
-            given = None if args.cost_model is None and args.devices_per_host is None else model
-            optimized = redist_opt.optimize(naive, groups=args.groups, cost=given, prefer=args.prefer)
-        except ValueError as e:
-            if isinstance(e, RedistributeError) or dump.DUMP_PASSES_ENV in str(e):
-                raise CliError(str(e)) from None
-            raise
+    try:
+        dump.dump_pass_filter_from_env()
+        # Without --cost-model / --devices-per-host the pipeline resolves the same
+        # model itself, and records where it came from in the plan (and the dumps).
+        given = None if args.cost_model is None and args.devices_per_host is None else model
+        return redist_opt.optimize(
+            naive, groups=args.groups, cost=given, prefer=args.prefer, dump_dir=args.dump_dir
+        )
+    except ValueError as e:
+        if isinstance(e, RedistributeError) or dump.DUMP_PASSES_ENV in str(e):
+            raise CliError(str(e)) from None
+        raise
+
+
+def _explain_write(flag: str, path: str, render) -> None:
+    try:
+        text = render()
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}") from None
+    try:
+        visualize.write_text(path, text)
+    except OSError as e:
+        raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
+    print(f"redist-opt explain: wrote {path}", file=sys.stderr)
+
+
+def cmd_explain(args) -> int:
+    """``redist-opt explain``: the naive and optimized plans, their cost, and why.
+
+    Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
+    """
+    spec, naive = _explain_request(args)
+    model, source = cost_model("--cost-model", args.cost_model, args.devices_per_host, spec)
+    if args.rank_lists < 0:
+        raise CliError(f"--rank-lists: {args.rank_lists} must be >= 0")
+    optimized = _explain_optimize(args, naive, model)
 
     # Files first: an error there must not leave half the output on stdout.
     plans = [("naive", naive), ("optimized", optimized)]
@@ -115,141 +121,22 @@ def cmd_explain(args) -> int:
 
     kwargs = dict(cost_model=model, groups=args.groups, rank_limit=args.rank_lists, cost_source=source)
     if args.format == "json":
-        print(json.dumps(dump.explain_data(naive, optimized, **kwargs), indent=2))
+        print(json.dumps(explain.explain_data(naive, optimized, **kwargs), indent=2))
     elif args.format == "dot":
         print(visualize.plans_to_dot(plans, name="explain"), end="")
     else:
-        print(dump.format_explain(naive, optimized, show_ir=not args.no_ir, **kwargs))
+        print(explain.format_explain(naive, optimized, show_ir=not args.no_ir, **kwargs))
     if args.dump_dir is not None:
         n = len([f for f in os.listdir(args.dump_dir) if f.endswith(".txt")])
         print(f"redist-opt explain: {n} pass dump(s) (.txt + .dot) in {args.dump_dir}", file=sys.stderr)
     return 0
 
 
-def _explain_mesh(text: str, flatten: list[str]):
-    """``--mesh`` and ``--flatten`` -> MeshSpec; errors name the flag."""
-    import redist_opt
-    from redist_opt.ir.placements import RedistributeError
-
-    sizes, names = _parse_mesh(text)
-    for name, size in zip(names, sizes):
-        if not name:
-            raise CliError(f"--mesh: {text!r} has a dim without a name (give name=size)")
-        if not name.isidentifier():
-            raise CliError(f"--mesh: dim name {name!r} must be an identifier such as dp or tp")
-        if size < 1:
-            raise CliError(f"--mesh: dim {name!r} has size {size}; sizes must be >= 1")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise CliError(f"--mesh: dim name {dup[0]!r} is given twice")
-    try:
-        spec = redist_opt.MeshSpec(sizes=sizes, names=names)
-    except RedistributeError as e:
-        raise CliError(f"--mesh: {e}") from None
-    groups = []
-    for g in flatten:
-        try:
-            dims = spec.dims_of(g)
-        except RedistributeError as e:
-            raise CliError(f"--flatten {g}: {e}") from None
-        if not dims:
-            raise CliError(f"--flatten {g!r}: give mesh dims joined by '+', e.g. dp+cp")
-        groups.append(g)
-    return spec.with_flattened(groups) if groups else spec
-
-
-BUILTIN_PROFILES = ("nccl", "gloo")
-
-
-def _load_profile(flag: str, profile: str):
-    """A built-in cost profile by name, or one written by ``redist-opt calibrate``."""
-    from redist_opt.ir.cost import CostModel
-
-    try:
-        if profile in BUILTIN_PROFILES and not os.path.exists(profile):
-            return CostModel.profile(profile)
-        return CostModel.load(profile)
-    except OSError as e:
-        raise CliError(f"{flag}: cannot read {profile!r}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise CliError(f"{flag}: {e}") from None
-
-
-def _explain_cost_model(profile: str | None, devices_per_host: int | None, spec=None):
-    """(model, where it came from): --cost-model, else $REDIST_OPT_COST_PROFILE or --backend."""
-    import dataclasses
-
-    from redist_opt.ir.cost import resolve
-
-    if profile is None:
-        try:
-            model, source = resolve(spec)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-    else:
-        model, source = _load_profile("--cost-model", profile), f"--cost-model {profile}"
-    if devices_per_host is not None:
-        if devices_per_host < 1:
-            raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
-        model = dataclasses.replace(model, devices_per_host=devices_per_host)
-        source += f", --devices-per-host {devices_per_host}"
-    return model, source
-
-
-def _explain_env(name: str, value: str):
-    import contextlib
-
-    @contextlib.contextmanager
-    def ctx():
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-    return ctx()
-
-
-def _explain_write(flag: str, path: str, render) -> None:
-    from redist_opt.debug.visualize import write_text
-
-    try:
-        text = render()
-    except ValueError as e:
-        raise CliError(f"{flag}: {e}") from None
-    try:
-        write_text(path, text)
-    except OSError as e:
-        raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
-    print(f"redist-opt explain: wrote {path}", file=sys.stderr)
-
-
-def _explain_error(message: str):
-    """argparse errors of ``explain``: one line naming the argument, exit 2 (no usage dump)."""
-    print(f"redist-opt explain: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def cmd_demo(args) -> int:
-    from redist_opt.tools.demo import run_demo
-
     return run_demo(timeout=args.timeout)
 
 
 # -- calibrate and bench ----------------------------------------------------------------
-
-
-def _sizes(text: str) -> list[int]:
-    from redist_opt.tools.units import parse_sizes
-
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise CliError(f"--sizes: {e}") from None
 
 
 def _check_samples(args) -> None:
@@ -258,14 +145,8 @@ def _check_samples(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from redist_opt.tools.calibrate import calibrate, format_calibration
-    from redist_opt.ir.cost import KINDS
-    from redist_opt.tools.spawn import SpawnError
-    from redist_opt.tools.timing import load_warning
-    from redist_opt.tools.units import format_size
-
-    mesh_sizes, names = _parse_mesh(args.mesh)
-    sizes = _sizes(args.sizes)
+    mesh_sizes, names = parse_mesh(args.mesh)
+    sizes = parse_size_list(args.sizes)
     nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
     _check_samples(args)
     print(
@@ -297,32 +178,43 @@ def cmd_calibrate(args) -> int:
 
 def _parse_case(text: str) -> tuple[str, str]:
     """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
-    import redist_opt
-    from redist_opt.tools.bench import WALL_MESH
-
     if "->" not in text:
         raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
     src, dst = (s.strip() for s in text.split("->", 1))
     for s in (src, dst):
         ps = redist_opt.parse_placements(s)
-        if len(ps) != len(WALL_MESH[0]):
+        if len(ps) != len(bench.WALL_MESH[0]):
             raise CliError(f"--case {text!r}: {s!r} has {len(ps)} placements for a 2-D mesh")
     return src, dst
 
 
+def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
+    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
+    torch's, or None when the ranks failed (nothing to report)."""
+    print(
+        f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
+        flush=True,
+    )
+    try:
+        res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
+    except SpawnError as e:
+        print(f"redist-opt bench: {e}", file=sys.stderr)
+        return None
+    result["wall"] = res
+    print(bench.format_wall(res))
+    if not all(r["equal"] for r in res["rows"]):
+        print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_bench(args) -> int:
-    if args.part == "quality":  # the corpus against torch's shipped redistribute (redist_opt/quality.py)
-        from redist_opt.tools import quality
-
+    if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
         return quality.cmd_quality(args)
-    from redist_opt.tools import bench
-    from redist_opt.tools.spawn import SpawnError
-    from redist_opt.tools.timing import load_warning, loadavg, torch_version
-
-    sizes = _sizes(args.sizes)
+    sizes = parse_size_list(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
     _check_samples(args)
-    cost = _load_profile("--profile", args.profile) if args.profile else None
+    cost = load_profile("--profile", args.profile) if args.profile else None
     result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
     warning = load_warning()
     if warning:
@@ -332,26 +224,11 @@ def cmd_bench(args) -> int:
         res = bench.planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
         result["planning"] = res
         print(bench.format_planning(res))
-        if cost is not None and not res["cost_profile_used"]:
-            print("note: redist_opt.optimize takes no cost= keyword yet; the profile was not used")
         print(flush=True)
     if args.part in ("all", "wall"):
-        print(
-            f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
-            flush=True,
-        )
-        try:
-            res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
-        except SpawnError as e:
-            print(f"redist-opt bench: {e}", file=sys.stderr)
+        exit_code = _run_wall(args, sizes, cases, cost, result)
+        if exit_code is None:
             return 1
-        result["wall"] = res
-        print(bench.format_wall(res))
-        if cost is not None and not res["cost_profile_used"]:
-            print("note: redist_opt.redistribute takes no cost= keyword yet; the profile was not used")
-        if not all(r["equal"] for r in res["rows"]):
-            print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
-            exit_code = 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -360,66 +237,10 @@ def cmd_bench(args) -> int:
     return exit_code
 
 
-def _add_calibrate_arguments(p) -> None:
-    from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES
-
-    p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
-    p.add_argument("--mesh", default="2,2", help="mesh sizes, e.g. 2,2 or a=2,b=2 (default 2,2)")
-    p.add_argument(
-        "--sizes", default=DEFAULT_CALIBRATE_SIZES,
-        help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
-        f"or a range with a step factor (1KiB..4MiB*4); default {DEFAULT_CALIBRATE_SIZES}",
-    )  # fmt: skip
-    p.add_argument("--iters", type=int, default=7, help="timed samples per point (default 7)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
-    p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
-    p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
+# -- the parser --------------------------------------------------------------------------
 
 
-def _add_bench_arguments(p) -> None:
-    from redist_opt.tools.bench import DEFAULT_BENCH_SIZES
-
-    from redist_opt.tools.quality import add_quality_arguments
-
-    p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality"],
-        help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
-        "against torch's shipped redistribute, see docs/quality.md)",
-    )  # fmt: skip
-    p.add_argument(
-        "--sizes", default=DEFAULT_BENCH_SIZES,
-        help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
-    )  # fmt: skip
-    p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
-    p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
-    p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
-    p.add_argument(
-        "--profile",
-        help="the optimizer's cost profile: a JSON file from `redist-opt calibrate`, or a built-in "
-        f"profile name ({', '.join(BUILTIN_PROFILES)}); default: redist_opt's default model",
-    )
-    p.add_argument("--json", help="also write the results to this JSON file")
-    p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
-    add_quality_arguments(p)  # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="redist-opt", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="plan, explain and run a 3-D redistribution over 8 gloo processes")
-    demo.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
-    demo.set_defaults(func=cmd_demo)
-
-    ex = sub.add_parser(
-        "explain",
-        help="show the naive and optimized plans of one redistribution",
-        description="Show the naive and optimized plans of one redistribution: collectives, "
-        "groups (dim names, layout, ranks), bytes per rank, modelled time, and why merges were "
-        "or were not made.",
-    )
-    ex.error = _explain_error
+def _add_explain_arguments(ex) -> None:
     ex.add_argument("--mesh", required=True, help="dims as name=size,... e.g. dp=2,cp=2,tp=2")
     ex.add_argument(
         "--flatten", action="append", metavar="DIMS", help="a flattened group that exists, e.g. dp+cp (repeatable)"
@@ -450,6 +271,64 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the IR before the pipeline and after each pass that changed it")
     ex.add_argument("--svg", metavar="FILE", help="write the plan graph (naive | optimized) as SVG")
     ex.add_argument("--mesh-svg", metavar="FILE", help="write the mesh diagram (ranks per collective) as SVG")
+
+
+def _add_calibrate_arguments(p) -> None:
+    p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
+    p.add_argument("--mesh", default="2,2", help="mesh sizes, e.g. 2,2 or a=2,b=2 (default 2,2)")
+    p.add_argument(
+        "--sizes", default=DEFAULT_CALIBRATE_SIZES,
+        help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
+        f"or a range with a step factor (1KiB..4MiB*4); default {DEFAULT_CALIBRATE_SIZES}",
+    )  # fmt: skip
+    p.add_argument("--iters", type=int, default=7, help="timed samples per point (default 7)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
+
+
+def _add_bench_arguments(p) -> None:
+    p.add_argument(
+        "--part", default="all", choices=["all", "planning", "wall", "quality"],
+        help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
+        "against torch's shipped redistribute, see docs/quality.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sizes", default=bench.DEFAULT_BENCH_SIZES,
+        help=f"global tensor sizes (list or range as for calibrate); default {bench.DEFAULT_BENCH_SIZES}",
+    )  # fmt: skip
+    p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
+    p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
+    p.add_argument(
+        "--profile",
+        help="the optimizer's cost profile: a JSON file from `redist-opt calibrate`, or a built-in "
+        f"profile name ({', '.join(BUILTIN_PROFILES)}); default: redist_opt's default model",
+    )
+    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
+    # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
+    quality.add_quality_arguments(p, common=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="redist-opt", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="plan, explain and run a 3-D redistribution over 8 gloo processes")
+    demo.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    demo.set_defaults(func=cmd_demo)
+
+    ex = sub.add_parser(
+        "explain",
+        help="show the naive and optimized plans of one redistribution",
+        description="Show the naive and optimized plans of one redistribution: collectives, "
+        "groups (dim names, layout, ranks), bytes per rank, modelled time, and why merges were "
+        "or were not made.",
+        one_line_errors=True,
+    )
+    _add_explain_arguments(ex)
     ex.set_defaults(func=cmd_explain)
 
     cal = sub.add_parser("calibrate", help="measure gloo collectives and fit a cost profile (JSON)")
@@ -467,8 +346,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from redist_opt.ir.placements import RedistributeError
-
     try:
         return args.func(args)
     except (CliError, RedistributeError) as e:

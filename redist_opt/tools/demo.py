@@ -8,9 +8,21 @@ result equals the reference bit for bit.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import time
 
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+import redist_opt
+from redist_opt.debug.explain import format_explain
+from redist_opt.ir.cost import CostModel
+from redist_opt.runtime.torch_dtensor import reference_semantics
 from redist_opt.tools.spawn import SpawnError, run_ranks
 
 __all__ = ["run_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
@@ -29,8 +41,6 @@ DEMO_CASES = [
 
 
 def _demo_spec():
-    import redist_opt
-
     sizes, names = DEMO_MESH
     return redist_opt.MeshSpec(
         sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN] + ["+".join(names)]
@@ -38,9 +48,6 @@ def _demo_spec():
 
 
 def _demo_input(mesh, src_p, shape, rank):
-    import torch
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-
     # Small integers: every summation order gives the same bits, so results can
     # be compared exactly with torch's, however the optimizer regrouped the sums.
     full = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 7) % 11
@@ -54,13 +61,6 @@ def _demo_input(mesh, src_p, shape, rank):
 
 def _demo_worker(rank: int, world: int) -> list[dict]:
     """One rank of the demo (run by :func:`redist_opt.tools.spawn.run_ranks`): every case three ways."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-
-    import redist_opt
-    from redist_opt.runtime.torch_dtensor import reference_semantics
-
     sizes, names = DEMO_MESH
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
     for dims in DEMO_FLATTEN:
@@ -93,10 +93,6 @@ def _demo_worker(rank: int, world: int) -> list[dict]:
 
 def _median_time(fn, context=None, repeat: int = 7) -> float:
     """Median wall time of ``fn`` after the first (planning) call, in seconds."""
-    import contextlib
-
-    import torch.distributed as dist
-
     times = []
     with context() if context else contextlib.nullcontext():
         fn()
@@ -110,14 +106,8 @@ def _median_time(fn, context=None, repeat: int = 7) -> float:
 
 def run_demo(timeout: float = 300.0) -> int:
     """Explain every demo case, run it on 8 gloo processes, print the comparison; 0 if all equal."""
-    import redist_opt
-    from redist_opt.ir.cost import CostModel
-    from redist_opt.debug.dump import format_explain
-
     sizes, names = DEMO_MESH
-    world = 1
-    for s in sizes:
-        world *= s
+    world = math.prod(sizes)
     spec = _demo_spec()
     flats = ", ".join("+".join(f) for f in DEMO_FLATTEN)
     print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {flats}\n")

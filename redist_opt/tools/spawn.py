@@ -8,6 +8,7 @@ raises (or hangs) stops the others and its traceback is raised in the parent as
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -16,6 +17,10 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 __all__ = ["SpawnError", "run_ranks", "free_port", "quiet_torch_logs"]
 
@@ -30,25 +35,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def quiet_torch_logs() -> None:
-    # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk,
-    # and that a merge was not possible; neither is news in a benchmark.
-    for name in ("torch.distributed.tensor._collective_utils", "torch.distributed.tensor._redistribute"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+# torch warns on every rank that gloo's alltoall falls back to all_gather + chunk,
+# and on each unmerged run ("N sequential all_reduce ... flatten mesh dims");
+# neither is news in a benchmark.
+_NOISY_TORCH_LOGGERS = ("torch.distributed.tensor._collective_utils", "torch.distributed.tensor._redistribute")
+
+
+@contextlib.contextmanager
+def quiet_torch_logs():
+    """Within the block, torch's DTensor redistribution loggers report errors only;
+    their previous levels come back afterwards."""
+    loggers = [logging.getLogger(name) for name in _NOISY_TORCH_LOGGERS]
+    previous = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, previous):
+            lg.setLevel(level)
 
 
 def _rank_entry(rank: int, target: Callable, world: int, port: int, queue, timeout: float, args: tuple) -> None:
-    import torch
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    quiet_torch_logs()
     try:
         dist.init_process_group(
             "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
         )
-        result = target(rank, world, *args)
+        with quiet_torch_logs():
+            result = target(rank, world, *args)
         queue.put((rank, result, None))
     except BaseException:
         queue.put((rank, None, traceback.format_exc()))
@@ -68,8 +84,6 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     :class:`SpawnError` with that rank's traceback; ranks that do not report within
     ``timeout`` seconds are terminated and reported.
     """
-    import torch.multiprocessing as mp
-
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()

@@ -18,6 +18,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
 __all__ = ["Stat", "timed_samples", "wait", "loadavg", "load_warning", "torch_version"]
 
 
@@ -29,9 +33,6 @@ MAX_REPS = 64
 
 def _agree_reps(single: float) -> int:
     """``reps`` from this rank's warm-up time of one call, agreed on by all ranks (max)."""
-    import torch
-    import torch.distributed as dist
-
     t = torch.tensor([single], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return max(1, min(MAX_REPS, int(SAMPLE_TARGET / max(float(t.item()), 1e-7))))
@@ -49,8 +50,6 @@ def timed_samples(fns: Sequence[Callable], iters: int, warmup: int) -> list[list
     Interleaving (A B C, A B C, ...) makes slow drift of the machine hit every
     variant alike, so ratios between them stay meaningful.
     """
-    import torch.distributed as dist
-
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -69,8 +68,6 @@ def timed_samples(fns: Sequence[Callable], iters: int, warmup: int) -> list[list
 
 
 def wait(x):
-    import torch.distributed._functional_collectives as funcol
-
     if isinstance(x, funcol.AsyncCollectiveTensor):
         return x.wait()
     return x
@@ -116,6 +113,4 @@ def load_warning() -> str | None:
 
 
 def torch_version() -> str:
-    import torch
-
     return torch.__version__

@@ -1,8 +1,14 @@
-"""Byte sizes as people write them on a command line (``64KiB``, ``1KiB..4MiB*4``) and print them."""
+"""Byte sizes as people write them on a command line (``64KiB``, ``1KiB..4MiB*4``).
+
+Printing goes through the one byte formatter, :func:`redist_opt.debug.units.format_bytes`;
+:func:`format_size` is its exact spelling, which :func:`parse_size` reads back.
+"""
 
 from __future__ import annotations
 
 import re
+
+from redist_opt.debug.units import format_bytes
 
 __all__ = ["parse_size", "parse_sizes", "format_size"]
 
@@ -11,6 +17,7 @@ _UNITS = {
     "k": 1024, "kb": 1000, "kib": 1024,
     "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
     "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
 }  # fmt: skip
 
 
@@ -55,7 +62,5 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def format_size(n: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
+    """``65536`` -> ``"64KiB"``, ``1000`` -> ``"1000B"``: a whole number of the largest unit that divides ``n``."""
+    return format_bytes(n, sep="", exact=True)

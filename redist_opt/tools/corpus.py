@@ -1,0 +1,152 @@
+"""The quality bench's corpus: real parallelism layouts (``fixtures/corpus.json``).
+
+A case names a mesh (with the flattened groups a job creates), source and target
+placements, a global shape and dtype, the category of layout and where it comes
+from. :func:`load_corpus` reads and validates the file; :meth:`CorpusCase.sim_shape`
+gives the small shape torch runs on in the simulation (see
+:mod:`redist_opt.tools.quality`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections import Counter
+
+import torch
+
+from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.placements import RedistributeError, normalize_placements, parse_placements
+from redist_opt.tools.args import CliError, mesh_spec
+
+__all__ = ["CATEGORIES", "CorpusCase", "DEFAULT_CORPUS", "load_corpus"]
+
+DEFAULT_CORPUS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fixtures", "corpus.json"
+)
+
+CATEGORIES = ("fsdp", "hsdp", "tp", "cp", "4d", "ep", "grad_norm", "loss", "jagged", "uneven")
+_FIELDS = ("id", "category", "source", "why", "mesh", "flatten", "src", "dst", "shape", "dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusCase:
+    id: str
+    category: str
+    source: str
+    why: str
+    mesh: str
+    flatten: tuple[str, ...]
+    src: str
+    dst: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def num_ranks(self) -> int:
+        return math.prod(self.spec().sizes)
+
+    def spec(self) -> MeshSpec:
+        """The rank-free MeshSpec, built as ``redist-opt explain`` builds it."""
+        try:
+            return mesh_spec(self.mesh, list(self.flatten))
+        except (CliError, RedistributeError) as e:
+            raise ValueError(f"corpus case {self.id!r}: {e}") from None
+
+    def torch_dtype(self) -> torch.dtype:
+        dt = getattr(torch, self.dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"corpus case {self.id!r}: unknown dtype {self.dtype!r}")
+        return dt
+
+    def placements(self):
+        """(src, dst) as normalized torch placements (raises ValueError naming the case)."""
+        spec = self.spec()
+        out = []
+        try:
+            for text, role in ((self.src, "source"), (self.dst, "target")):
+                ps = parse_placements(text)
+                if len(ps) != spec.ndim:
+                    raise RedistributeError(
+                        f"{role} placements {text!r} have {len(ps)} entries for a {spec.ndim}-D mesh"
+                    )
+                # One mesh dim at a time: mixed reduce ops (P(avg) beside P) are valid
+                # torch placements even where redist_opt refuses them.
+                out.append(tuple(
+                    normalize_placements([p], mesh_shape=(n,), tensor_ndim=len(self.shape), role=role)[0]
+                    for p, n in zip(ps, spec.sizes)
+                ))
+        except RedistributeError as e:
+            raise ValueError(f"corpus case {self.id!r}: {e}") from None
+        return tuple(out)
+
+    def sim_shape(self) -> tuple[tuple[int, ...], int]:
+        """(simulation shape, integer factor real bytes / simulated bytes); see the module doc."""
+        src, dst = self.placements()
+        sizes = self.spec().sizes
+        sim = []
+        for d, length in enumerate(self.shape):
+            m = math.prod(
+                n for n, a, b in zip(sizes, src, dst)
+                if any(p.is_shard() and p.dim == d for p in (a, b))
+            )
+            if m == 1:
+                sim.append(min(length, 1))
+            elif length % m == 0:
+                sim.append(m)
+            else:
+                sim.append(length)
+        sim_numel, numel = math.prod(sim), math.prod(self.shape)
+        return tuple(sim), (numel // sim_numel if sim_numel else 1)
+
+
+def _case_from_dict(raw: dict, where: str) -> CorpusCase:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a case must be a JSON object")
+    missing = [f for f in _FIELDS if f not in raw]
+    if missing:
+        raise ValueError(f"{where} ({raw.get('id', '?')}): missing field(s) {missing}")
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"{where} ({raw['id']}): unknown field(s) {unknown}")
+    for f in ("id", "category", "source", "why", "mesh", "src", "dst", "dtype"):
+        if not isinstance(raw[f], str) or not raw[f].strip():
+            raise ValueError(f"{where} ({raw.get('id')}): field {f!r} must be a non-empty string")
+    if raw["category"] not in CATEGORIES:
+        raise ValueError(f"{where} ({raw['id']}): category {raw['category']!r} is not one of {CATEGORIES}")
+    if not isinstance(raw["flatten"], list) or not all(isinstance(g, str) and "+" in g for g in raw["flatten"]):
+        raise ValueError(f"{where} ({raw['id']}): flatten must be a list of dims joined by '+', e.g. [\"dp+cp\"]")
+    shape = raw["shape"]
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+        raise ValueError(f"{where} ({raw['id']}): shape must be a list of positive integers")
+    case = CorpusCase(
+        id=raw["id"], category=raw["category"], source=raw["source"], why=raw["why"], mesh=raw["mesh"],
+        flatten=tuple(raw["flatten"]), src=raw["src"], dst=raw["dst"], shape=tuple(shape), dtype=raw["dtype"],
+    )
+    spec = case.spec()  # mesh and flattened groups parse
+    for g in case.flatten:
+        if len(spec.dims_of(g)) < 2:
+            raise ValueError(f"{where} ({case.id}): flattened group {g!r} names fewer than 2 dims")
+    case.placements()  # placements parse for this mesh and tensor rank
+    case.torch_dtype()
+    return case
+
+
+def load_corpus(path: str | os.PathLike | None = None) -> list[CorpusCase]:
+    """Read and validate a corpus file (default ``fixtures/corpus.json``)."""
+    path = os.fspath(path or DEFAULT_CORPUS)
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"corpus {path!r} is not valid JSON: {e}") from None
+    raw_cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(raw_cases, list):
+        raise ValueError(f"corpus {path!r}: expected an object with a 'cases' list")
+    cases = [_case_from_dict(raw, f"corpus {os.path.basename(path)} case {i}") for i, raw in enumerate(raw_cases)]
+    dup = sorted(i for i, n in Counter(c.id for c in cases).items() if n > 1)
+    if dup:
+        raise ValueError(f"corpus {path!r}: duplicate case id(s) {dup}")
+    return cases
