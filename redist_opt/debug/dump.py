@@ -92,7 +92,7 @@ from pathlib import Path
 from redist_opt import ir
 from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.placements import placement_str, placements_str
+from redist_opt.ir.placements import placement_str
 from redist_opt.debug.visualize import plan_to_dot
 from redist_opt.ir.text import arg_str as _arg_str
 from redist_opt.ir.text import dtype_str as _dtype_str
