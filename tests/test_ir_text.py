@@ -4,6 +4,7 @@ generated plans."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -158,3 +159,23 @@ return %all_reduce
 def test_printer_output_is_canonical():
     naive, optimized = _plans(CASES[0])
     assert_round_trips(format_ir(optimized))
+
+
+def _pass_test_texts() -> list[tuple[str, str]]:
+    """Every IR text literal (inputs and expected outputs) of the pass test files."""
+    out = []
+    for path in sorted(Path(__file__).resolve().parent.glob("test_pass_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for i, text in enumerate(node.value.split("\n\n")):  # joined outputs
+                    if text.startswith("redistribute ["):
+                        out.append((f"{path.stem}:{node.lineno}:{i}", text))
+    return out
+
+
+PASS_TEST_TEXTS = _pass_test_texts()
+
+
+@pytest.mark.parametrize("text", [t for _, t in PASS_TEST_TEXTS], ids=[i for i, _ in PASS_TEST_TEXTS])
+def test_pass_test_texts_round_trip(text):
+    assert_round_trips(text)

@@ -8,9 +8,9 @@ below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, 
     redistribute [P, P, P] -> [R, S(0), R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
     mesh flattened=[a+c]
     %x : (8, 4)
-    step 0 over b: P -> S(0), logical=(8, 4)
+    step 1 over b: P -> S(0), logical=(8, 4)
       %reduce_scatter = reduce_scatter(%x, {b 2:2}, 'sum', 0) : (4, 4)
-    step 1 over a+c: P -> R, logical=(8, 4)
+    step 0 over a+c: P -> R, logical=(8, 4)
       %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1
     return %all_reduce
 
@@ -20,8 +20,10 @@ below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, 
   names joined by ``+``, or a CuTe layout), ``backend=``, and for meshes that are
   not row-major ``layouts=[...]`` (one per dim), ``index_space=``, ``ranks_ascending=``.
 * ``step INDEX over DIMS: SRC -> DST, logical=(...)[, avg_scale=N][, variant=NAME(...)]``
-  opens the region of one planner step (:class:`~redist_opt.ir.StepInfo`); the
-  indented ops below it implement that step. ``variant=`` names a step variant
+  opens the region of one planner step (:class:`~redist_opt.ir.StepInfo`: its index,
+  mesh dims, placements, logical shape); the indented ops below it implement that
+  step (a pass reorders steps, so indices need not ascend; steps over size-1 mesh
+  dims lower to no op and do not appear). ``variant=`` names a step variant
   (:data:`STEP_VARIANTS`): ``split_all_to_all(b: S(2))`` (mesh dims ``b``, the last
   of the step's, shard ``S(2)`` instead of DST) and ``gather_blocks(0: a, 1: b)``
   (tensor dim 0 gathered over ``a``, 1 over ``b``).
