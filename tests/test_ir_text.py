@@ -67,7 +67,7 @@ VARIANT_PLANS = [
     # (mesh sizes, flattened, src, dst, shape, groups, the field it shows)
     ((2, 8), [], "S(0),S(1)", "R,R", (5, 7), "create", "variant=gather_blocks(0: a, 1: b)"),
     ((2, 4, 2), [], "S(0),S(1),S(0)", "R,R,R", (9, 7), "create", "variant=gather_blocks(0: a+c, 1: b)"),
-    ((2, 3), ["a+b"], "S(0),S(0)", "S(1),S(2)", (5, 3, 7), "existing", "variant=split_all_to_all(b: S(2))"),
+    ((2, 3), ["a+b"], "S(0),S(0)", "S(1),S(2)", (5, 3, 7), "existing", "variant=split_all_to_all(1: a, 2: b)"),
     ((2, 3), ["a+b"], "P(avg),P", "R,R", (8, 4), "existing", "avg_scale=2"),
     ((2, 2), ["a+b"], "P,P(avg)", "S(0),S(0)", (5, 3), "existing", "avg_scale=2"),
 ]

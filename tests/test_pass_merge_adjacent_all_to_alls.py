@@ -105,7 +105,7 @@ class TestMergeAdjacentAllToAlls(expecttest.TestCase):
 redistribute [S(0), S(0)] -> [S(1), S(2)] on mesh (a=2,b=2), shape (8, 8, 8), float32
 mesh flattened=[a+b]
 %x : (2, 8, 8)
-step 1 over a+b: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(b: S(2))
+step 1 over a+b: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(1: a, 2: b)
   %all_to_all = all_to_all(%x, {a+b 4:1}, ((1, 2), (2, 2)), 0) : (8, 4, 4)  # <- %all_to_all, %all_to_all_1
 return %all_to_all""")
 
@@ -114,7 +114,7 @@ return %all_to_all""")
 redistribute [S(0), S(0)] -> [S(1), S(2)] on mesh (a=2,b=3), shape (5, 3, 7), float32
 mesh flattened=[a+b]
 %x : (chunk(chunk(5,2,c_a),3,c_b), 3, 7)
-step 1 over a+b: S(0) -> S(1), logical=(5, 3, 7), variant=split_all_to_all(b: S(2))
+step 1 over a+b: S(0) -> S(1), logical=(5, 3, 7), variant=split_all_to_all(1: a, 2: b)
   %pad_to = pad_to(%x, 0, 1) : (1, 3, 7)  # <- %all_to_all, %all_to_all_1
   %pad_nested = pad_nested(%pad_to, 1, (2,)) : (1, 4, 7)  # <- %all_to_all, %all_to_all_1
   %pad_nested_1 = pad_nested(%pad_nested, 2, (3,)) : (1, 4, 9)  # <- %all_to_all, %all_to_all_1
@@ -129,7 +129,7 @@ return %narrow_1""")
 redistribute [R, S(0), S(0)] -> [R, S(1), S(2)] on mesh (a=2,b=2,c=2), shape (8, 8, 8), float32
 mesh flattened=[b+c]
 %x : (2, 8, 8)
-step 1 over b+c: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(c: S(2))
+step 1 over b+c: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(1: b, 2: c)
   %all_to_all = all_to_all(%x, {b+c 4:1}, ((1, 2), (2, 2)), 0) : (8, 4, 4)  # <- %all_to_all, %all_to_all_1
 return %all_to_all""")
 
@@ -146,7 +146,7 @@ return %all_to_all""")
 
     def test_padding_not_transformed(self):
         # condition 5
-        self.assertExpectedInline(assert_not_transformed(TINY, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all moves 24 B vs 20 B""")
+        self.assertExpectedInline(assert_not_transformed(TINY, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""")
 
     def test_consistency_ignores_cost_not_padding_not_transformed(self):
-        self.assertExpectedInline(assert_not_transformed(TINY, P, prefer="consistency"), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all moves 24 B vs 20 B""")
+        self.assertExpectedInline(assert_not_transformed(TINY, P, prefer="consistency"), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""")

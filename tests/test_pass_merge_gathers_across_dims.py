@@ -206,10 +206,10 @@ redistribute [S(1), S(0), S(0)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (6, 5)
 mesh flattened=[b+c, a+b+c]
 %x : (chunk(3,2,c_c), chunk(5,2,c_a))
 step 0 over a+b+c: S(0) -> R, logical=(6, 5), variant=gather_blocks(0: b+c, 1: a)
-  %pad_to = pad_to(%x, 0, 2) : (2, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1, %all_gather_1
-  %pad_to_1 = pad_to(%pad_to, 1, 3) : (2, 3)  # <- %all_gather, %all_gather_1, %all_gather_1
-  %all_gather = all_gather(%pad_to_1, {a+b+c 8:1}, 0) : (16, 3)  # <- %all_gather, %all_gather_1, %all_gather_1
-  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (1, 2)), (1, (0,))), 6, 5) : (6, 5)  # <- %all_gather, %all_gather_1, %all_gather_1
+  %pad_to = pad_to(%x, 0, 2) : (2, chunk(5,2,c_a))  # <- %all_gather, %all_gather_1
+  %pad_to_1 = pad_to(%pad_to, 1, 3) : (2, 3)  # <- %all_gather, %all_gather_1
+  %all_gather = all_gather(%pad_to_1, {a+b+c 8:1}, 0) : (16, 3)  # <- %all_gather, %all_gather_1
+  %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (1, 2)), (1, (0,))), 6, 5) : (6, 5)  # <- %all_gather, %all_gather_1
 return %unpack_blocks""")
 
     def test_partial_run_merges_where_a_group_exists(self):

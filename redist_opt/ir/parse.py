@@ -24,7 +24,7 @@ from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import parse_placement
 from redist_opt.ir.plan import Plan
-from redist_opt.ir.text import STEP_VARIANTS, shape_str
+from redist_opt.ir.text import shape_str
 
 __all__ = ["parse_ir", "IRParseError", "build_step", "split_top_level"]
 
@@ -74,7 +74,7 @@ class _Reader:
     def expr(self, text: str):
         if re.fullmatch(r"-?\d+", text):
             return sym.as_expr(int(text))
-        local = {"chunk": sym.ChunkSize, "chunk_start": sym.ChunkStart, "ceildiv": sym.CeilDiv, **self.symbols}
+        local = {"chunk": sym.ChunkSize, "ceildiv": sym.CeilDiv, **self.symbols}
         e = parse_expr(text, local_dict=local, global_dict={"Integer": sympy.Integer, "Max": sympy.Max,
                                                            "Min": sympy.Min, "Symbol": sympy.Symbol,
                                                            "Mul": sympy.Mul, "Add": sympy.Add,
@@ -189,13 +189,11 @@ def build_step(fields: dict, variant: str | None, mesh: MeshSpec) -> ops.StepInf
     if variant is None:
         return ops.StepInfo(**fields)
     m = re.fullmatch(r"(\w+)\((.*)\)", variant)
-    if not m or m.group(1) not in STEP_VARIANTS:
-        raise IRParseError(f"unknown step variant {variant!r}; known: {sorted(STEP_VARIANTS)}")
-    build = STEP_VARIANTS[m.group(1)][2]
-    if build is None:
-        raise IRParseError(f"step variant {m.group(1)} has no parser registered (register_step_variant)")
+    if not m or m.group(1) not in ops.STEP_VARIANTS:
+        raise IRParseError(f"unknown step variant {variant!r}; known: {sorted(ops.STEP_VARIANTS)}")
     items = [tuple(s.strip() for s in item.split(":", 1)) for item in split_top_level(m.group(2))]
-    return build(fields, items, mesh)
+    parts = tuple((int(t), mesh.dims_of(dims)) for t, dims in items)
+    return ops.StepInfo(**fields, variant=m.group(1), parts=parts)
 
 
 def parse_ir(text: str):

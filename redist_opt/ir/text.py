@@ -23,10 +23,11 @@ below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, 
   opens the region of one planner step (:class:`~redist_opt.ir.StepInfo`: its index,
   mesh dims, placements, logical shape); the indented ops below it implement that
   step (a pass reorders steps, so indices need not ascend; steps over size-1 mesh
-  dims lower to no op and do not appear). ``variant=`` names a step variant
-  (:data:`STEP_VARIANTS`): ``split_all_to_all(b: S(2))`` (mesh dims ``b``, the last
-  of the step's, shard ``S(2)`` instead of DST) and ``gather_blocks(0: a, 1: b)``
-  (tensor dim 0 gathered over ``a``, 1 over ``b``).
+  dims lower to no op and do not appear). ``variant=`` names a step variant of
+  :data:`redist_opt.ir.ops.STEP_VARIANTS` and its parts, tensor dim: mesh dims:
+  ``split_all_to_all(1: a, 2: b)`` (one all_to_all whose mesh dims ``a`` split
+  tensor dim 1 and ``b`` tensor dim 2) and ``gather_blocks(0: a, 1: b)`` (tensor
+  dim 0 gathered over ``a``, 1 over ``b``).
 * Op lines are :func:`format_graph`'s: ``%name = op(%input, args) : (local shape)``,
   then ``  # <- %a, %b`` for the nodes a pass rewrote into this one. Groups are
   ``{dims layout}``; sizes are expressions in the mesh coordinates ``c_<dim name>``
@@ -39,7 +40,6 @@ Lines starting with ``#`` are comments.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import torch.fx as fx
 
@@ -47,7 +47,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir import ops
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
-from redist_opt.ir.placements import parse_placement, placement_str, placements_str
+from redist_opt.ir.placements import placement_str, placements_str
 
 __all__ = [
     "format_graph",
@@ -58,8 +58,6 @@ __all__ = [
     "head",
     "note_str",
     "dtype_str",
-    "STEP_VARIANTS",
-    "register_step_variant",
 ]
 
 
@@ -149,43 +147,8 @@ def format_plan(plan) -> str:
     return "\n".join(lines)
 
 
-# -- step variants -----------------------------------------------------------------
-
-# A step variant prints as one more field of its step line: ``variant=NAME(ITEM, ...)``.
-# name -> (is_variant(step), items(step, mesh) -> [ITEM text], build(fields, items, mesh)),
-# where ``build`` gets the parsed plain-step fields and the items as (key, value) texts
-# and returns the StepInfo (``redist_opt.ir.parse.build_step``).
-STEP_VARIANTS: dict[str, tuple[Callable, Callable, Callable | None]] = {}
-
-
-def register_step_variant(name: str, is_variant: Callable, items: Callable, build: Callable | None) -> None:
-    """Declare how a step variant prints (``variant=name(items)``) and parses (``build``)."""
-    STEP_VARIANTS[name] = (is_variant, items, build)
-
-
 def dims_str(dims, mesh: MeshSpec) -> str:
     return "+".join(mesh.dim_name(d) for d in dims)
-
-
-# Two all_to_alls merged (``StepInfo.also``): ``b: S(2)``, the trailing mesh dims b of
-# the step shard S(2) instead of its dst.
-register_step_variant(
-    "split_all_to_all",
-    lambda step: bool(step.also),
-    lambda step, mesh: [f"{dims_str(dims, mesh)}: {placement_str(p)}" for dims, p in step.also],
-    lambda fields, items, mesh: ops.StepInfo(
-        **fields, also=tuple((mesh.dims_of(k), parse_placement(v)) for k, v in items)
-    ),
-)
-# One all_gather of several tensor dims (a step with ``parts``, made by
-# merge-gathers-across-dims): ``0: a`` gathers tensor dim 0 over mesh dims a. The
-# step class lives with its pass, which registers ``build``.
-register_step_variant(
-    "gather_blocks",
-    lambda step: bool(getattr(step, "parts", None)),
-    lambda step, mesh: [f"{t}: {dims_str(dims, mesh)}" for t, dims in step.parts],
-    None,
-)
 
 
 # -- the parseable text ------------------------------------------------------------
@@ -199,13 +162,9 @@ def _step_line(step: ops.StepInfo, mesh: MeshSpec, names) -> str:
     )
     if step.avg_scale != 1:
         line += f", avg_scale={step.avg_scale}"
-    for name, (is_variant, items, _) in STEP_VARIANTS.items():
-        if is_variant(step):
-            line += f", variant={name}(" + ", ".join(items(step, mesh)) + ")"
-            break
-    else:
-        if type(step) is not ops.StepInfo:
-            raise TypeError(f"step {step} is a {type(step).__name__}: no printer (register_step_variant)")
+    if step.variant:  # a step of ir.ops.STEP_VARIANTS: its parts, as tensor dim: mesh dims
+        parts = ", ".join(f"{t}: {dims_str(dims, mesh)}" for t, dims in step.parts)
+        line += f", variant={step.variant}({parts})"
     return line
 
 

@@ -23,23 +23,11 @@ import redist_opt
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.parse import parse_ir
-from redist_opt.ir.text import STEP_VARIANTS, format_ir, register_step_variant
+from redist_opt.ir.text import format_ir
 from redist_opt.passes import PassContext
-from redist_opt.passes.merge_gathers_across_dims import GatherBlocksStep
 
 __all__ = ["parse_ir", "format_ir", "run_pass", "run_pass_notes", "assert_not_transformed", "assert_round_trips", "PassRun",
            "signature", "notes_of", "mesh"]
-
-# The gather-blocks step class lives with its pass; the IR text parses it through
-# the variant registry of redist_opt.ir.text.
-register_step_variant(
-    "gather_blocks",
-    *STEP_VARIANTS["gather_blocks"][:2],
-    lambda fields, items, mesh: GatherBlocksStep(
-        **fields, parts=tuple((int(t), mesh.dims_of(dims)) for t, dims in items)
-    ),
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class PassRun:
