@@ -1,8 +1,11 @@
-"""Public entry to the compiled-graph pass: ``redist_opt.graph_pass.optimize_graph``.
+"""Public entry to the compiled-graph pass: ``redist_opt.graph_pass.optimize_graph``,
+and ``redist_opt.graph_pass.compiler_fn`` (the pass as a graph compiler for
+aot_autograd, autoparallel and other tracers).
 
 The pass lives in ``redist_opt.graph``; this module keeps its public name.
 """
 
+from redist_opt.graph.compiler import compiler_fn
 from redist_opt.graph.graph_pass import GraphPassResult, RedistGraphPass, count_collectives, optimize_graph
 
-__all__ = ["optimize_graph", "RedistGraphPass", "GraphPassResult", "count_collectives"]
+__all__ = ["optimize_graph", "compiler_fn", "RedistGraphPass", "GraphPassResult", "count_collectives"]

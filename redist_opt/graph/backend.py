@@ -37,7 +37,7 @@ from redist_opt.debug.dump import dump_dir_from_env
 from redist_opt.graph import graph_pass
 from redist_opt.ir import layout as L
 
-__all__ = ["backend", "collectives", "describe_collectives"]
+__all__ = ["backend", "collectives", "describe_collectives", "check_inner", "graph_compiler", "run_graph_pass"]
 
 INNER_COMPILERS = ("inductor", "aot_eager")
 
@@ -65,10 +65,7 @@ def backend(
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
     check_groups(groups)
-    if isinstance(inner, str) and inner not in INNER_COMPILERS:
-        raise ValueError(f"inner={inner!r}: expected 'inductor', 'aot_eager' or a callable (gm, example_inputs)")
-    if not isinstance(inner, str) and not callable(inner):
-        raise TypeError(f"inner must be 'inductor', 'aot_eager' or a callable, got {type(inner).__name__}")
+    check_inner(inner)
     options = {"passes": passes, "cost": cost, "prefer": prefer}
     return _RedistOptBackend(inner, groups, options, graph_pass=graph_pass and isinstance(groups, str))
 
@@ -109,10 +106,7 @@ class _RedistOptBackend:
 
         from torch._dynamo.backends.common import aot_autograd
 
-        if self.inner == "aot_eager":
-            from torch._dynamo.backends.debugging import boxed_nop as compile_one
-        else:
-            compile_one = self.inner
+        compile_one = graph_compiler(self.inner)
 
         def fw_compiler(g, inputs):
             self._optimize(g)
@@ -131,22 +125,59 @@ class _RedistOptBackend:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
         if not self.graph_pass:
             return
-        snapshot = fx.Graph()
-        snapshot.output(snapshot.graph_copy(gm.graph, {}))
-        try:
-            # The meshes planned on while tracing this program (their roots hold the
-            # groups its chains name); none: every live mesh.
-            graph_pass.optimize_graph(
-                gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
-                cost=self.options["cost"], prefer=self.options["prefer"],
-            )  # fmt: skip
-        except Exception as e:  # never turn a compile that works into one that fails
-            gm.graph = snapshot
-            gm.recompile()
-            warn_once(
-                ("graph-pass", type(e).__name__, str(e)),
-                f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
-            )
+        # The meshes planned on while tracing this program (their roots hold the
+        # groups its chains name); none: every live mesh.
+        run_graph_pass(
+            gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
+            cost=self.options["cost"], prefer=self.options["prefer"],
+        )  # fmt: skip
+
+
+def check_inner(inner, *, allow_none: bool = False) -> None:
+    """Refuse an inner compiler other than "inductor", "aot_eager" or a callable
+    (or None, where ``allow_none``)."""
+    if inner is None and allow_none:
+        return
+    names = "'inductor', 'aot_eager'" + (", None" if allow_none else "")
+    if isinstance(inner, str) and inner not in INNER_COMPILERS:
+        raise ValueError(f"inner={inner!r}: expected {names} or a callable (gm, example_inputs)")
+    if not isinstance(inner, str) and not callable(inner):
+        raise TypeError(f"inner must be {names} or a callable, got {type(inner).__name__}")
+
+
+def graph_compiler(inner) -> Callable:
+    """The compiler of one forward or backward graph that ``inner`` names, with the
+    contract of aot_autograd's ``fw_compiler``: ``(gm, example_inputs) -> callable``.
+
+    "inductor": Inductor's per-graph compiler (``compile_fx_inner``); "aot_eager":
+    the graph run as is (``boxed_nop``); a callable: itself.
+    """
+    if inner == "inductor":
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        return compile_fx_inner
+    if inner == "aot_eager":
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        return boxed_nop
+    return inner
+
+
+def run_graph_pass(gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time") -> None:
+    """The compiled-graph pass on ``gm``, in place. If it fails, ``gm`` gets back the
+    graph as traced and a warning is given once per distinct failure: a compile that
+    works never fails because of the pass."""
+    snapshot = fx.Graph()
+    snapshot.output(snapshot.graph_copy(gm.graph, {}))
+    try:
+        graph_pass.optimize_graph(gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer)
+    except Exception as e:  # never turn a compile that works into one that fails
+        gm.graph = snapshot
+        gm.recompile()
+        warn_once(
+            ("graph-pass", type(e).__name__, str(e)),
+            f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
+        )
 
 
 # -- reading collectives back out of a traced graph ------------------------------------

@@ -1,0 +1,82 @@
+"""``compiler_fn``: the compiled-graph pass as a graph compiler, for any tracer.
+
+Systems that trace their own forward and backward graphs (autoparallel's
+``aot_compile_joint_with_descriptors``, aot_autograd's ``fw_compiler`` /
+``bw_compiler``) never go through ``redist_opt.backend``; they hand each graph
+to a compiler with the contract ``(gm, example_inputs) -> callable``.
+:func:`compiler_fn` returns such a compiler: it runs the compiled-graph pass
+(:func:`redist_opt.graph.graph_pass.optimize_graph`) on the graph, in place,
+then the inner compiler. If the pass fails, the graph as traced is compiled
+and a warning is given once (the same code path as ``redist_opt.backend``).
+
+The graphs were traced before this compiler sees them, so nothing is routed
+here: only the collectives already in the graph are raised, optimized and
+lowered back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.fx as fx
+
+from redist_opt.api import check_groups
+from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
+
+__all__ = ["compiler_fn", "GraphPassCompiler"]
+
+
+def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) -> "GraphPassCompiler":
+    """A graph compiler ``(gm, example_inputs, **kwargs) -> callable`` that runs the
+    compiled-graph pass on ``gm``, then ``inner``.
+
+    ``meshes``: the program's DeviceMeshes (or one), whose root meshes the
+    graph's group names are resolved against (None: every live mesh this rank
+    belongs to; see :func:`~redist_opt.graph.graph_pass.optimize_graph`).
+    ``groups``: "existing" or "create" (flattened groups created at compile
+    time, in graph order: every rank must compile the same graphs).
+    ``inner``: None (run the graph as it is: ``gm.forward``), "aot_eager",
+    "inductor", or a callable with the same contract; keyword arguments the
+    caller passes (autoparallel's ``tag_forward=True``) go to a callable inner.
+    ``options``: ``cost`` and ``prefer``, as for :func:`redist_opt.optimize`.
+
+    Usage: ``aot_autograd(fw_compiler=compiler_fn(meshes=mesh), bw_compiler=...)``,
+    or autoparallel's ``autop.compiler_fn = compiler_fn(meshes=mesh, inner=autop.compiler_fn)``.
+    """
+    if not isinstance(groups, str):
+        raise ValueError(
+            f"compiler_fn(groups={groups!r}): the compiled-graph pass takes 'existing' or 'create', "
+            "not an allow-list"
+        )
+    check_groups(groups)
+    check_inner(inner, allow_none=True)
+    unknown = set(options) - {"cost", "prefer"}
+    if unknown:
+        raise TypeError(f"compiler_fn(): unknown options {sorted(unknown)} (expected cost, prefer)")
+    return GraphPassCompiler(meshes, groups, inner, options)
+
+
+class GraphPassCompiler:
+    """What :func:`compiler_fn` returns; ``graphs`` counts the graphs it compiled."""
+
+    def __init__(self, meshes, groups: str, inner, options: dict) -> None:
+        self.meshes, self.groups, self.inner, self.options = meshes, groups, inner, dict(options)
+        self.graphs = 0
+
+    def __repr__(self) -> str:
+        inner = self.inner if self.inner is None or isinstance(self.inner, str) else getattr(
+            self.inner, "__name__", type(self.inner).__name__)
+        return f"redist_opt.graph_pass.compiler_fn(groups={self.groups!r}, inner={inner!r})"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
+        run_graph_pass(
+            gm, meshes=self.meshes, groups=self.groups,
+            cost=self.options.get("cost"), prefer=self.options.get("prefer", "time"),
+        )  # fmt: skip
+        self.graphs += 1
+        if self.inner is None:
+            return gm.forward
+        compile_one = graph_compiler(self.inner)
+        if isinstance(self.inner, str):
+            return compile_one(gm, example_inputs)
+        return compile_one(gm, example_inputs, **kwargs)
