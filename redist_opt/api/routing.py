@@ -1,7 +1,9 @@
 """``enabled()``: route every DTensor redistribution through redist_opt.
 
 ``enabled()`` replaces torch's ``redistribute_local_tensor`` in the namespaces that
-call it (listed in ``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``) with
+call it (torch's own: ``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``; and any
+module that bound it by name, found by identity, before or while the block runs:
+see :mod:`redist_opt.runtime.torch_dtensor` for the rule) with
 :func:`routed_redistribute_local_tensor`. The patch is process-wide (the name is a
 module global) and installed once, reference-counted; which options apply is
 per thread: the calling thread's innermost enabled() block, or, for a thread
@@ -32,7 +34,7 @@ LOWERED_REDUCE_OPS = REDUCE_OPS
 
 _route_lock = threading.Lock()
 _route_entries: list = []  # [(token, thread id, options)] in entry order
-_route_previous: dict | None = None  # what install_redistribute_local replaced
+_route_previous = None  # what install_redistribute_local replaced
 _route_local = threading.local()
 
 

@@ -24,12 +24,32 @@ time, in these module namespaces (each imported it with ``from ... import``):
 Replacing the name in each namespace routes every one of those callers, eager
 and while AOTAutograd traces a compiled program, without touching
 ``DTensor.redistribute`` itself (Dynamo keeps seeing torch's own method).
+
+Bindings outside torch (autoparallel's ``ordered_sharding`` does ``from
+torch.distributed.tensor._redistribute import redistribute_local_tensor``) are
+found by identity, not by name: :func:`install_redistribute_local` replaces
+every module global in ``sys.modules`` that *is* torch's function, whatever the
+module or the name it is bound to (redist_opt's own modules excepted: they hold
+torch's function as the fallback). The rule for modules imported while the patch
+is in place: torch's own ``_redistribute.redistribute_local_tensor`` holds the
+replacement too, so a ``from ... import`` made then binds the replacement; on
+:func:`restore_redistribute_local` every binding that was replaced gets its value
+back, and every binding of the replacement in a module imported meanwhile gets
+torch's function (what it would have imported outside). Only module globals are
+reached (not class attributes, closures or containers); a reference to the
+replacement kept elsewhere after the restore still works: outside every
+``enabled()`` block it calls torch's function. A module seen with no binding is
+not scanned again while it is the same object in ``sys.modules`` with as many
+globals (an import adds one), so entering a block walks ``sys.modules`` rather
+than every module's globals.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import sys
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -51,6 +71,7 @@ __all__ = [
     "reference_semantics",
     "TORCH_REDISTRIBUTE_LOCAL",
     "REDISTRIBUTE_LOCAL_PATCH_POINTS",
+    "RedistributeLocalPatch",
     "install_redistribute_local",
     "restore_redistribute_local",
     "shape_is_symbolic",
@@ -77,30 +98,98 @@ REDISTRIBUTE_LOCAL_PATCH_POINTS = (
 )
 
 
-def install_redistribute_local(replacement) -> dict:
-    """Point every patch point's ``redistribute_local_tensor`` at ``replacement``.
+@dataclasses.dataclass
+class RedistributeLocalPatch:
+    """What :func:`install_redistribute_local` replaced: {(module, name): previous value},
+    and the modules loaded at that time ({name: (module, number of globals)})."""
 
-    Returns {module: previous value} for :func:`restore_redistribute_local`.
-    A module that does not import the name (another torch version) is skipped.
+    previous: dict
+    modules: dict
+
+
+# Modules seen holding no binding of torch's function: {name: (module, number of
+# globals)}. Rescanned when ``sys.modules[name]`` is another object or the module
+# gained or lost globals (an import made since).
+_modules_without_binding: dict = {}
+
+
+def _scan_key(module) -> tuple:
+    namespace = getattr(module, "__dict__", None)
+    return (module, len(namespace) if type(namespace) is dict else -1)
+
+
+def _is_own_module(name: str) -> bool:
+    return name == "redist_opt" or name.startswith("redist_opt.")
+
+
+def _bindings(value, modules) -> list[tuple[object, str]]:
+    """(module, name) of every module global that is ``value``, in ``modules`` ({name: module})."""
+    found = []
+    for mod_name, module in modules.items():
+        if _is_own_module(mod_name):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is not dict:
+            continue
+        try:
+            names = [k for k, v in namespace.items() if v is value]
+        except RuntimeError:  # the namespace changed while read (another thread importing)
+            names = [k for k, v in list(namespace.items()) if v is value]
+        found.extend((module, k) for k in names)
+    return found
+
+
+def _unscanned_modules(modules: dict) -> dict:
+    out = {}
+    for n, m in modules.items():
+        seen = _modules_without_binding.get(n)
+        if seen is None or seen != _scan_key(m):
+            out[n] = m
+    return out
+
+
+def install_redistribute_local(replacement) -> RedistributeLocalPatch:
+    """Point every binding of torch's ``redistribute_local_tensor`` at ``replacement``.
+
+    Bindings: the name in torch's own callers (``REDISTRIBUTE_LOCAL_PATCH_POINTS``,
+    whatever they hold: a wrapper put there before is routed too), and every module
+    global in ``sys.modules`` that is torch's function (found by identity). Returns
+    what :func:`restore_redistribute_local` needs.
     """
     previous = {}
     for name in REDISTRIBUTE_LOCAL_PATCH_POINTS:
         try:
             module = importlib.import_module(name)
-        except ImportError:
+        except ImportError:  # another torch version
             continue
         if hasattr(module, "redistribute_local_tensor"):
-            previous[module] = module.redistribute_local_tensor
-            module.redistribute_local_tensor = replacement
-    return previous
+            previous[(module, "redistribute_local_tensor")] = module.redistribute_local_tensor
+    modules = dict(list(sys.modules.items()))
+    unscanned = _unscanned_modules(modules)
+    snapshot = {n: _scan_key(m) for n, m in modules.items()}
+    found = _bindings(TORCH_REDISTRIBUTE_LOCAL, unscanned)
+    holding = {id(module) for module, _ in found}
+    for mod_name, module in unscanned.items():
+        if id(module) not in holding:
+            _modules_without_binding[mod_name] = _scan_key(module)
+    for key in found:
+        previous.setdefault(key, TORCH_REDISTRIBUTE_LOCAL)
+    for (module, attr) in previous:
+        setattr(module, attr, replacement)
+    return RedistributeLocalPatch(previous, snapshot)
 
 
-def restore_redistribute_local(previous: dict, replacement) -> None:
-    """Undo :func:`install_redistribute_local` where the name still holds ``replacement``
-    (a later patch by someone else is left in place)."""
-    for module, value in previous.items():
-        if module.redistribute_local_tensor is replacement:
-            module.redistribute_local_tensor = value
+def restore_redistribute_local(patch: RedistributeLocalPatch, replacement) -> None:
+    """Undo :func:`install_redistribute_local`: each replaced binding that still holds
+    ``replacement`` gets its value back (a later patch by someone else is left in
+    place); a module imported since, or whose globals changed, that bound
+    ``replacement`` gets torch's function there."""
+    for (module, attr), value in patch.previous.items():
+        if getattr(module, attr, None) is replacement:
+            setattr(module, attr, value)
+    new_modules = {n: m for n, m in list(sys.modules.items()) if patch.modules.get(n) != _scan_key(m)}
+    for module, attr in _bindings(replacement, new_modules):
+        setattr(module, attr, TORCH_REDISTRIBUTE_LOCAL)
 
 
 def shape_is_symbolic(spec: DTensorSpec) -> bool:
