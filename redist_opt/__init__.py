@@ -4,7 +4,15 @@ Lower a redistribution into an FX-graph IR of collectives over mesh layouts,
 optimize it with a pass pipeline, and run it over the mesh's process groups.
 """
 
-from redist_opt.api import clear_caches, enabled, optimize, plan, redistribute, redistribute_local_tensor
+from redist_opt.api import (
+    clear_caches,
+    enabled,
+    optimize,
+    plan,
+    redistribute,
+    redistribute_cost,
+    redistribute_local_tensor,
+)
 from redist_opt.graph.backend import backend
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import RedistributeError, parse_placement, parse_placements
@@ -16,6 +24,7 @@ __all__ = [
     "optimize",
     "redistribute",
     "redistribute_local_tensor",
+    "redistribute_cost",
     "enabled",
     "clear_caches",
     "backend",

@@ -4,9 +4,11 @@ Modules, bottom to top: ``errors`` (option checks, warn-once, torch-typed
 errors), ``specs`` (MeshSpecs of DeviceMeshes, meshes planned on), ``planning``
 (``plan``, ``optimize``, the hot-plan cache, ``clear_caches``), ``eager``
 (``redistribute_local_tensor``), ``autograd`` (the differentiable redistribution),
-``routing`` (``enabled``), ``public`` (``redistribute``).
+``costs`` (``redistribute_cost``, our plans priced for planners), ``routing``
+(``enabled``), ``public`` (``redistribute``).
 """
 
+from redist_opt.api.costs import redistribute_cost
 from redist_opt.api.eager import redistribute_local_tensor
 from redist_opt.api.errors import check_groups, warn_once
 from redist_opt.api.planning import clear_caches, optimize, plan
@@ -19,6 +21,7 @@ __all__ = [
     "optimize",
     "redistribute",
     "redistribute_local_tensor",
+    "redistribute_cost",
     "enabled",
     "clear_caches",
     # for the graph layer

@@ -21,12 +21,20 @@ from collections.abc import Sequence
 import torch
 from torch.distributed.tensor.placement_types import Partial
 
+from redist_opt.api import costs as api_costs
 from redist_opt.api import eager
 from redist_opt.api.errors import as_torch_error, check_groups, warn_once
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import torch_dtensor as tdt
 
-__all__ = ["enabled", "active_options", "routed_redistribute_local_tensor", "LOWERED_REDUCE_OPS"]
+__all__ = [
+    "enabled",
+    "active_options",
+    "active_cost_options",
+    "routed_redistribute_local_tensor",
+    "routed_redistribute_cost",
+    "LOWERED_REDUCE_OPS",
+]
 
 # Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
 # every c10d reduce op, "prod" included) is run by torch's redistribute.
@@ -35,6 +43,8 @@ LOWERED_REDUCE_OPS = REDUCE_OPS
 _route_lock = threading.Lock()
 _route_entries: list = []  # [(token, thread id, options)] in entry order
 _route_previous = None  # what install_redistribute_local replaced
+_cost_tokens: set = set()  # tokens of the blocks entered with costs=True
+_cost_previous: dict | None = None  # what install_redistribute_cost replaced
 _route_local = threading.local()
 
 
@@ -45,6 +55,29 @@ def active_options() -> dict | None:
         return stack[-1][1]
     entries = _route_entries
     return entries[-1][2] if entries else None
+
+
+def active_cost_options() -> dict | None:
+    """The options of the block that applies to the calling thread if it was entered
+    with ``costs=True``, else None."""
+    stack = getattr(_route_local, "stack", None)
+    if stack:
+        token, options = stack[-1]
+    else:
+        entries = _route_entries
+        if not entries:
+            return None
+        token, _, options = entries[-1]
+    return options if token in _cost_tokens else None
+
+
+def routed_redistribute_cost(current_spec, target_spec) -> float:
+    """Stands in for torch's ``redistribute_cost`` in sharding propagation while a
+    ``costs=True`` block is active: ours under such a block, torch's otherwise."""
+    options = active_cost_options()
+    if options is None:
+        return tdt.TORCH_REDISTRIBUTE_COST(current_spec, target_spec)
+    return api_costs.redistribute_cost(current_spec, target_spec, **options)
 
 
 def _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only) -> str | None:
@@ -111,7 +144,7 @@ def _unlowered_reduce_op(current_spec, target_spec) -> str | None:
 
 
 @contextlib.contextmanager
-def enabled(groups: str | Sequence = "existing", **options):
+def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **options):
     """Route every DTensor redistribution through redist_opt inside the block.
 
     Covers explicit ``DTensor.redistribute`` and ``full_tensor``, implicit reshards
@@ -120,25 +153,36 @@ def enabled(groups: str | Sequence = "existing", **options):
     called inside the block (AOTAutograd traces our plans into the forward and
     backward graphs). ``options`` (passes, cost, prefer) go to :func:`optimize`.
     Nests; the innermost block of the calling thread decides the options.
+
+    ``costs=True`` also makes DTensor's sharding propagation choose op strategies
+    by :func:`redist_opt.redistribute_cost` (the modelled time of our optimized
+    plans, with this block's options) instead of torch's estimate. DTensor caches
+    the strategy it chose per op schema: those caches are cleared whenever a block
+    is entered or left while a ``costs=True`` block is active, so choices made by
+    one cost function are not reused under the other. (Threads running DTensor
+    ops at the same time, one inside such a block and one outside, can still
+    meet each other's cached choices.)
     """
     check_groups(groups)
     unknown = set(options) - {"passes", "cost", "prefer"}
     if unknown:
-        raise RedistributeError(f"enabled(): unknown options {sorted(unknown)} (expected passes, cost, prefer)")
+        raise RedistributeError(
+            f"enabled(): unknown options {sorted(unknown)} (expected costs, passes, cost, prefer)"
+        )
     if options.get("passes") is not None:
         options["passes"] = tuple(options["passes"])
     entry_options = dict(groups=groups if isinstance(groups, str) else tuple(groups), **options)
-    token, stack = _enter(entry_options)
+    token, stack = _enter(entry_options, bool(costs))
     try:
         yield
     finally:
         _leave(token, stack)
 
 
-def _enter(entry_options: dict) -> tuple[object, list]:
-    """Push a block's options on this thread's stack (installing the patch for the
+def _enter(entry_options: dict, costs: bool) -> tuple[object, list]:
+    """Push a block's options on this thread's stack (installing the patches for the
     first block of the process); returns the block's token and the stack."""
-    global _route_previous
+    global _route_previous, _cost_previous
     token = object()
     stack = getattr(_route_local, "stack", None)
     if stack is None:
@@ -146,18 +190,31 @@ def _enter(entry_options: dict) -> tuple[object, list]:
     with _route_lock:
         if not _route_entries:
             _route_previous = tdt.install_redistribute_local(routed_redistribute_local_tensor)
+        cost_blocks_before = bool(_cost_tokens)
+        if costs:
+            if not _cost_tokens:
+                _cost_previous = tdt.install_redistribute_cost(routed_redistribute_cost)
+            _cost_tokens.add(token)
         _route_entries.append((token, threading.get_ident(), entry_options))
-    stack.append((token, entry_options))
+        stack.append((token, entry_options))
+        if cost_blocks_before or costs:
+            tdt.clear_sharding_strategy_caches()
     return token, stack
 
 
 def _leave(token: object, stack: list) -> None:
-    """Remove the block ``token`` (and the patch with the last block of the process)."""
-    global _route_previous
-    stack[:] = [e for e in stack if e[0] is not token]
+    """Remove the block ``token`` (and the patches with the last block of the process)."""
+    global _route_previous, _cost_previous
     with _route_lock:
+        stack[:] = [e for e in stack if e[0] is not token]
         _route_entries[:] = [e for e in _route_entries if e[0] is not token]
+        cost_blocks_before = bool(_cost_tokens)
+        _cost_tokens.discard(token)
+        if cost_blocks_before and not _cost_tokens:
+            tdt.restore_redistribute_cost(_cost_previous, routed_redistribute_cost)
+            _cost_previous = None
+        if cost_blocks_before:
+            tdt.clear_sharding_strategy_caches()
         if not _route_entries:
             tdt.restore_redistribute_local(_route_previous, routed_redistribute_local_tensor)
             _route_previous = None
-

@@ -55,8 +55,10 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import _collective_utils as _torch_collective_utils
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 from torch.utils._debug_mode import get_active_debug_mode
 
@@ -74,6 +76,12 @@ __all__ = [
     "RedistributeLocalPatch",
     "install_redistribute_local",
     "restore_redistribute_local",
+    "TORCH_REDISTRIBUTE_COST",
+    "TORCH_COST_UNITS_PER_SECOND",
+    "REDISTRIBUTE_COST_PATCH_POINTS",
+    "install_redistribute_cost",
+    "restore_redistribute_cost",
+    "clear_sharding_strategy_caches",
     "shape_is_symbolic",
     "record_redistribute",
     "outside_tracing",
@@ -190,6 +198,51 @@ def restore_redistribute_local(patch: RedistributeLocalPatch, replacement) -> No
     new_modules = {n: m for n, m in list(sys.modules.items()) if patch.modules.get(n) != _scan_key(m)}
     for module, attr in _bindings(replacement, new_modules):
         setattr(module, attr, TORCH_REDISTRIBUTE_LOCAL)
+
+
+# -- the cost DTensor's sharding propagation chooses op strategies by ------------------
+
+# torch's ``redistribute_cost(current_spec, target_spec)``: modelled time of torch's
+# own plan, in microseconds (its alpha-beta helpers return ``latency_us + bw_s * 1e6``).
+TORCH_REDISTRIBUTE_COST = _torch_collective_utils.redistribute_cost
+TORCH_COST_UNITS_PER_SECOND = 1e6
+
+# Where torch 2.13's sharding propagation looks ``redistribute_cost`` up by name:
+# ``_ops.utils.generate_redistribute_costs``, which fills every OpSpec's
+# ``redistribute_cost`` matrix (strategy functions and the single-dim strategy
+# expansion alike); ``ShardingPropagator`` then picks the strategy of least total.
+# (``_utils.ExplicitRedistributionContext`` only asks whether a cost is <= 0, and
+# the unused Dijkstra expansion prices steps itself: neither is patched.)
+REDISTRIBUTE_COST_PATCH_POINTS = ("torch.distributed.tensor._ops.utils",)
+
+
+def install_redistribute_cost(replacement) -> dict:
+    """Point each cost patch point's ``redistribute_cost`` at ``replacement``;
+    returns {module: previous value} for :func:`restore_redistribute_cost`."""
+    previous = {}
+    for name in REDISTRIBUTE_COST_PATCH_POINTS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # another torch version
+            continue
+        if hasattr(module, "redistribute_cost"):
+            previous[module] = module.redistribute_cost
+            module.redistribute_cost = replacement
+    return previous
+
+
+def restore_redistribute_cost(previous: dict, replacement) -> None:
+    """Undo :func:`install_redistribute_cost` where the name still holds ``replacement``."""
+    for module, value in previous.items():
+        if module.redistribute_cost is replacement:
+            module.redistribute_cost = value
+
+
+def clear_sharding_strategy_caches() -> None:
+    """Forget the strategies DTensor's sharding propagation cached per op schema (its
+    Python cache and the C++ dispatch fast path's): they were chosen by the cost
+    function in place when they were computed."""
+    _clear_sharding_prop_cache()
 
 
 def shape_is_symbolic(spec: DTensorSpec) -> bool:
