@@ -4,7 +4,7 @@ Lower a redistribution into an FX-graph IR of collectives over mesh layouts,
 optimize it with a pass pipeline, and run it over the mesh's process groups.
 """
 
-from redist_opt.api import clear_caches, enabled, optimize, plan, redistribute, redistribute_local_tensor
+from redist_opt.api import Recording, clear_caches, enabled, optimize, plan, record, redistribute, redistribute_local_tensor
 from redist_opt.graph.backend import backend
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import RedistributeError, parse_placement, parse_placements
@@ -18,6 +18,8 @@ __all__ = [
     "redistribute_local_tensor",
     "enabled",
     "clear_caches",
+    "record",
+    "Recording",
     "backend",
     "execute",
     "MeshSpec",

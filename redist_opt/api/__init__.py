@@ -4,13 +4,15 @@ Modules, bottom to top: ``errors`` (option checks, warn-once, torch-typed
 errors), ``specs`` (MeshSpecs of DeviceMeshes, meshes planned on), ``planning``
 (``plan``, ``optimize``, the hot-plan cache, ``clear_caches``), ``eager``
 (``redistribute_local_tensor``), ``autograd`` (the differentiable redistribution),
-``routing`` (``enabled``), ``public`` (``redistribute``).
+``routing`` (``enabled``), ``public`` (``redistribute``), ``advice`` (which
+flattened groups to create), ``recording`` (``record``).
 """
 
 from redist_opt.api.eager import redistribute_local_tensor
 from redist_opt.api.errors import check_groups, warn_once
 from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
+from redist_opt.api.recording import Recording, record
 from redist_opt.api.routing import enabled
 from redist_opt.api.specs import meshes_seen, recording_meshes, spec_of
 
@@ -21,6 +23,8 @@ __all__ = [
     "redistribute_local_tensor",
     "enabled",
     "clear_caches",
+    "record",
+    "Recording",
     # for the graph layer
     "check_groups",
     "warn_once",

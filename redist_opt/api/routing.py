@@ -24,7 +24,7 @@ from redist_opt.api.errors import as_torch_error, check_groups, warn_once
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import torch_dtensor as tdt
 
-__all__ = ["enabled", "active_options", "routed_redistribute_local_tensor", "LOWERED_REDUCE_OPS"]
+__all__ = ["enabled", "active_options", "routed_redistribute_local_tensor", "LOWERED_REDUCE_OPS", "OBSERVERS"]
 
 # Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
 # every c10d reduce op, "prod" included) is run by torch's redistribute.
@@ -34,6 +34,10 @@ _route_lock = threading.Lock()
 _route_entries: list = []  # [(token, thread id, options)] in entry order
 _route_previous: dict | None = None  # what install_redistribute_local replaced
 _route_local = threading.local()
+
+# Called as ``observer(local_tensor, current_spec, target_spec, torch_only_reason)`` for
+# every redistribution routed inside enabled() (``redist_opt.record`` appends here).
+OBSERVERS: list = []
 
 
 def active_options() -> dict | None:
@@ -87,6 +91,8 @@ def routed_redistribute_local_tensor(
     if options is None:
         return torch_fn()
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
+    for observer in list(OBSERVERS):
+        observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
         return torch_fn()

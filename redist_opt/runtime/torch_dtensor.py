@@ -32,12 +32,12 @@ import contextlib
 import importlib
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 from torch.utils._debug_mode import get_active_debug_mode
 
 __all__ = [
@@ -55,6 +55,8 @@ __all__ = [
     "restore_redistribute_local",
     "shape_is_symbolic",
     "record_redistribute",
+    "dispatched_op",
+    "traced_without_graph",
     "outside_tracing",
     "local_tensor_of",
     "spec_of_dtensor",
@@ -122,6 +124,30 @@ def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec,
     return debug_mode.record_redistribute_calls(
         local_tensor, current.placements, target.placements, summary, is_explicit=is_explicit
     )
+
+
+def dispatched_op(frame) -> str | None:
+    """The aten op DTensor's dispatcher is resharding inputs for, found on the Python
+    stack from ``frame`` outwards (``redist_opt.record`` names call sites by it), or None."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_DISPATCH_FILE):
+            op_info = frame.f_locals.get("op_info")
+            op = getattr(getattr(op_info, "schema", None), "op", None) or frame.f_locals.get("op_call")
+            if op is not None:
+                return str(op)
+        frame = frame.f_back
+    return None
+
+
+_DISPATCH_FILE = "/".join(("distributed", "tensor", "_dispatch.py"))
+
+
+def traced_without_graph(local_tensor) -> bool:
+    """Whether ``local_tensor`` is a fake tensor seen outside graph tracing: Dynamo
+    computing example values, or AOTAutograd collecting metadata (runs that build no
+    graph and are repeated); the graph's own trace runs under a proxy mode."""
+    return is_fake(local_tensor) and get_proxy_mode() is None
 
 
 def tensor_meta(shape, stride, dtype) -> TensorMeta:
