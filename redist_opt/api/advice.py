@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Iterable, Sequence
 
@@ -35,7 +36,18 @@ from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import make_plan
 
-__all__ = ["Advice", "Candidate", "advise", "search", "EXACT_LIMIT", "mesh_spec_of_record", "layout_of"]
+__all__ = [
+    "Advice",
+    "Candidate",
+    "advise",
+    "candidates",
+    "search",
+    "greedy",
+    "EXACT_LIMIT",
+    "mesh_spec_of_record",
+    "mesh_record_of_spec",
+    "layout_of",
+]
 
 # Exact search over all subsets of size <= k up to this many subsets; greedy beyond.
 EXACT_LIMIT = 2000
@@ -59,6 +71,27 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
         backend=mesh.get("backend"),
         ranks_ascending=bool(mesh.get("ranks_ascending", True)),
     )
+
+
+def _layout_json(layout) -> list:
+    return [list(layout.shape), list(layout.stride)]
+
+
+def mesh_record_of_spec(spec: MeshSpec, root: dict | None = None, flattened: Sequence[dict] = ()) -> dict:
+    """A recording's mesh entry for ``spec`` (``root``: the root mesh's sizes and names,
+    default: the mesh itself; ``flattened``: names of the flattened meshes that exist)."""
+    names = None if spec.names is None else list(spec.names)
+    return {
+        "sizes": list(spec.sizes),
+        "names": names,
+        "dim_layouts": [_layout_json(x) for x in spec.dim_layouts],
+        "index_space": spec.index_space,
+        "backend": spec.backend,
+        "ranks_ascending": spec.ranks_ascending,
+        "existing": sorted(_layout_json(x) for x in spec.flattened_layouts),
+        "root": root or {"sizes": list(spec.sizes), "names": names},
+        "flattened": list(flattened),
+    }
 
 
 def _root_key(mesh: dict) -> tuple:
@@ -85,7 +118,7 @@ class Candidate:
     def code(self) -> str:
         """The line a user pastes to create it."""
         if self.names:
-            return "mesh[" + ", ".join(repr(n) for n in self.names) + "]._flatten()"
+            return "mesh[" + ", ".join(json.dumps(n) for n in self.names) + "]._flatten()"
         return f"# mesh dims {self.dims} (the mesh has no dim names: name them to flatten it)"
 
 
@@ -126,11 +159,11 @@ class _Row:
 class _Planner:
     """Plans of the recorded redistributions under a set of new groups, cached."""
 
-    def __init__(self, meshes, entries, cost):
+    def __init__(self, meshes, entries, cost, cost_source="given"):
         self.meshes = meshes
         self.entries = entries
         self.specs = [mesh_spec_of_record(m) for m in meshes]
-        self.models = [(cost, "given") if cost is not None else resolve(s) for s in self.specs]
+        self.models = [(cost, cost_source) if cost is not None else resolve(s) for s in self.specs]
         self._cache: dict = {}
 
     def spec(self, mesh: int, chosen: Iterable[Candidate]) -> MeshSpec:
@@ -226,14 +259,21 @@ class Advice:
         return advice_report.render_svg(self.data)
 
 
-def advise(meshes: Sequence[dict], entries: Sequence[dict], *, max_new_groups: int = 1, cost: CostModel | None = None) -> Advice:
+def advise(
+    meshes: Sequence[dict],
+    entries: Sequence[dict],
+    *,
+    max_new_groups: int = 1,
+    cost: CostModel | None = None,
+    cost_source: str = "given",
+) -> Advice:
     """The best set of at most ``max_new_groups`` new flattened groups for a recorded step
     (``Recording.meshes`` / ``.redistributions``), with per-site collectives, bytes and
     modelled time per step: torch (DTensor's own plan, its merge pass off), with the
     existing groups, and with the advised groups."""
     if max_new_groups < 0:
         raise RedistributeError(f"max_new_groups={max_new_groups} must be >= 0")
-    planner = _Planner(list(meshes), list(entries), cost)
+    planner = _Planner(list(meshes), list(entries), cost, cost_source)
     pool = candidates(planner.meshes)
     chosen, how = search(planner, pool, max_new_groups)
     data = {

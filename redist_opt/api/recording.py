@@ -50,24 +50,20 @@ import torch.distributed as dist
 import torch.fx.traceback as fx_traceback
 
 from redist_opt.api import advice
-from redist_opt.api.advice import layout_of, mesh_spec_of_record
+from redist_opt.api.advice import mesh_record_of_spec
 from redist_opt.api.routing import OBSERVERS, enabled
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.runtime import torch_dtensor as tdt
 
-__all__ = ["RECORD_FORMAT", "Recording", "record", "mesh_spec_of_record", "layout_of"]
+__all__ = ["RECORD_FORMAT", "Recording", "record", "call_site"]
 
 RECORD_FORMAT = "redist_opt.record/1"
 
 # Frames in these folders and files are not the user's call site.
 _SKIP_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, sys.modules["redist_opt"]))
 _SKIP_FILES = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools, threading))
-
-
-def _layout_json(layout) -> list:
-    return [list(layout.shape), list(layout.stride)]
 
 
 def _mesh_record(device_mesh, spec) -> dict:
@@ -77,17 +73,7 @@ def _mesh_record(device_mesh, spec) -> dict:
     for name, _flat, dims in L.flattened_dims(device_mesh):
         named = None if dims is None else [root_names[d] if root_names else d for d in dims]
         flattened.append({"name": name, "root_dims": named})
-    return {
-        "sizes": list(spec.sizes),
-        "names": None if spec.names is None else list(spec.names),
-        "dim_layouts": [_layout_json(x) for x in spec.dim_layouts],
-        "index_space": spec.index_space,
-        "backend": spec.backend,
-        "ranks_ascending": spec.ranks_ascending,
-        "existing": sorted(_layout_json(x) for x in spec.flattened_layouts),
-        "root": {"sizes": list(root.shape), "names": root_names},
-        "flattened": flattened,
-    }
+    return mesh_record_of_spec(spec, {"sizes": list(root.shape), "names": root_names}, flattened)
 
 
 def _user_frame(frame):
@@ -272,11 +258,13 @@ class Recording:
         return out
 
     # -- advice -----------------------------------------------------------------------
-    def advise(self, max_new_groups: int = 1, *, cost=None) -> "advice.Advice":
+    def advise(self, max_new_groups: int = 1, *, cost=None, cost_source: str = "given") -> "advice.Advice":
         """Which at most ``max_new_groups`` flattened groups to create (see
         :func:`redist_opt.api.advice.advise`); ``cost``: a CostModel (default: the
         profile of each recorded mesh's backend, as ``optimize`` picks it)."""
-        return advice.advise(self.meshes, self.redistributions, max_new_groups=max_new_groups, cost=cost)
+        return advice.advise(
+            self.meshes, self.redistributions, max_new_groups=max_new_groups, cost=cost, cost_source=cost_source
+        )
 
     def __repr__(self) -> str:
         calls = sum(e["count"] for e in self.redistributions)
