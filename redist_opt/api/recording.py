@@ -22,8 +22,8 @@ so a compiled step is recorded when it is traced: record the step that compiles.
                  "flattened": [{"name": "dp_cp", "root_dims": ["dp", "cp"]}]}],
      "redistributions": [{"mesh": 0, "src": "P,P,S(1)", "dst": "R,R,S(1)",
                           "shape": [16, 8], "dtype": "float32",
-                          "site": {"label": "backward MmBackward0 @ train.py:40",
-                                   "phase": "backward", "op": null, "module": null,
+                          "site": {"label": "backward MmBackward0 aten.mm.default @ train.py:40",
+                                   "phase": "backward", "op": "aten.mm.default", "module": null,
                                    "autograd_node": "MmBackward0", "file": "train.py",
                                    "line": 40, "function": "step"},
                           "count": 2, "ranks": [0],
@@ -135,7 +135,8 @@ def call_site(frame) -> dict:
         what = f"{site['autograd_node']} {site['op']}"
     where = f"{site['file']}:{site['line']}" if site["file"] else "?"
     module = f" in {site['module']}" if site["module"] else ""
-    site["label"] = f"{site['phase']} {what}{module} @ {where}"
+    phase = "backward " if site["phase"] == "backward" else ""
+    site["label"] = f"{phase}{what}{module} @ {where}"
     return site
 
 
