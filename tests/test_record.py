@@ -115,6 +115,19 @@ def test_call_sites_name_the_op_phase_and_file():
     assert redist_opt.api.routing.active_options() is None
 
 
+def test_a_failing_record_never_breaks_the_step(monkeypatch):
+    def broken(frame):
+        raise RuntimeError("no site")
+
+    monkeypatch.setattr(redist_opt.api.recording, "call_site", broken)
+    with LocalTensorMode(4):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "c"))
+        w1, w2, x = _params(mesh)
+        with pytest.warns(UserWarning, match="not recorded .RuntimeError: no site"), redist_opt.record() as rec:
+            loss, _ = _train_step(mesh, w1, w2, x)
+    assert rec.redistributions == [] and loss is not None
+
+
 def test_load_refuses_other_formats(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"format": "something/1"}))

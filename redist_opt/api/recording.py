@@ -51,6 +51,7 @@ import torch.fx.traceback as fx_traceback
 
 from redist_opt.api import advice
 from redist_opt.api.advice import mesh_record_of_spec
+from redist_opt.api.errors import warn_once
 from redist_opt.api.routing import OBSERVERS, enabled
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
@@ -162,6 +163,13 @@ class Recording:
 
     # -- while recording ------------------------------------------------------------
     def _observe(self, local_tensor, current_spec, target_spec, torch_only) -> None:
+        try:
+            self._note(local_tensor, current_spec, target_spec, torch_only)
+        except Exception as e:  # noqa: BLE001 - a recording must never break the step it records
+            what = f"{type(e).__name__}: {e}"
+            warn_once(("record", what), f"redist_opt.record: a redistribution was not recorded ({what})")
+
+    def _note(self, local_tensor, current_spec, target_spec, torch_only) -> None:
         if tdt.traced_without_graph(local_tensor):
             return  # repeated example-value / metadata runs of a compile: not in the step
         mesh = current_spec.mesh
@@ -171,7 +179,7 @@ class Recording:
         if index is None:
             index = self._add_mesh(_mesh_record(mesh, spec))
             self._mesh_index[mkey] = index
-        site = call_site(sys._getframe(2))
+        site = call_site(sys._getframe(3))
         entry = {
             "mesh": index,
             "src": _placements(current_spec.placements),

@@ -91,8 +91,9 @@ def routed_redistribute_local_tensor(
     if options is None:
         return torch_fn()
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
-    for observer in list(OBSERVERS):
-        observer(local_tensor, current_spec, target_spec, reason)
+    if OBSERVERS:
+        for observer in tuple(OBSERVERS):
+            observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
         return torch_fn()
