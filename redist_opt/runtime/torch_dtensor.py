@@ -32,6 +32,8 @@ import contextlib
 import importlib
 
 import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
@@ -203,15 +205,11 @@ def outside_tracing():
 def process_group_ranks(group_name: str) -> list[int]:
     """Global ranks, in group order, of the process group named ``group_name`` (the
     string functional collectives carry). Raises when no such group exists."""
-    from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
-
     return list(get_process_group_ranks(_resolve_process_group(group_name)))
 
 
 def default_store():
     """The key-value store of the default process group (the one it rendezvoused on)."""
-    import torch.distributed as dist
-
     return dist.distributed_c10d._get_default_store()
 
 
