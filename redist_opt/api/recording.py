@@ -106,12 +106,12 @@ def _traced_location(meta: dict) -> tuple[str, int, str] | None:
 def call_site(frame) -> dict:
     """Where a redistribution comes from: forward/backward, the op DTensor dispatched,
     the autograd node running, the module, and the user's file and line."""
-    node = torch._C._current_autograd_node()
+    node = tdt.running_autograd_node()
     meta = fx_traceback.get_current_meta() or {}
     site = {
         "phase": "forward" if node is None else "backward",
         "op": tdt.dispatched_op(frame),
-        "autograd_node": None if node is None else node.name(),
+        "autograd_node": node,
         "module": None,
         "file": None,
         "line": None,

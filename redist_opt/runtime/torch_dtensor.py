@@ -32,6 +32,8 @@ import contextlib
 import importlib
 
 import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
@@ -57,6 +59,7 @@ __all__ = [
     "record_redistribute",
     "dispatched_op",
     "traced_without_graph",
+    "running_autograd_node",
     "outside_tracing",
     "local_tensor_of",
     "spec_of_dtensor",
@@ -141,6 +144,12 @@ def dispatched_op(frame) -> str | None:
 
 
 _DISPATCH_FILE = "/".join(("distributed", "tensor", "_dispatch.py"))
+
+
+def running_autograd_node() -> str | None:
+    """The name of the autograd node whose backward is running (``MmBackward0``), or None."""
+    node = torch._C._current_autograd_node()
+    return None if node is None else node.name()
 
 
 def traced_without_graph(local_tensor) -> bool:
@@ -229,15 +238,11 @@ def outside_tracing():
 def process_group_ranks(group_name: str) -> list[int]:
     """Global ranks, in group order, of the process group named ``group_name`` (the
     string functional collectives carry). Raises when no such group exists."""
-    from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
-
     return list(get_process_group_ranks(_resolve_process_group(group_name)))
 
 
 def default_store():
     """The key-value store of the default process group (the one it rendezvoused on)."""
-    import torch.distributed as dist
-
     return dist.distributed_c10d._get_default_store()
 
 
