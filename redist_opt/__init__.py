@@ -5,10 +5,12 @@ optimize it with a pass pipeline, and run it over the mesh's process groups.
 """
 
 from redist_opt.api import (
+    Recording,
     clear_caches,
     enabled,
     optimize,
     plan,
+    record,
     redistribute,
     redistribute_cost,
     redistribute_local_tensor,
@@ -27,6 +29,8 @@ __all__ = [
     "redistribute_cost",
     "enabled",
     "clear_caches",
+    "record",
+    "Recording",
     "backend",
     "execute",
     "MeshSpec",

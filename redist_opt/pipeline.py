@@ -82,6 +82,9 @@ class _Tracked:
         self.inner, self.changed, self.on_change = inner, changed, on_change
         self.__name__ = inner.name
 
+    def __repr__(self) -> str:  # names the pass in PassManager's constraint errors
+        return self.inner.name
+
     def __call__(self, gm):
         result = self.inner(gm)
         if result.modified:
@@ -124,7 +127,13 @@ def _run_cached(p: Plan, groups, passes, cost, prefer, source, on_change=None) -
 
     instances = [_Tracked(cls(ctx), changed, report) for cls in pass_classes]
     manager = PassManager(passes=instances, constraints=_constraints(instances), run_checks_after_each_pass=True)
-    manager.validate_constraints()  # refuse a list that breaks ORDER; never re-sort it
+    try:
+        manager.validate_constraints()  # refuse a list that breaks ORDER; never re-sort it
+    except RuntimeError:
+        names = [cls.name for cls in pass_classes]
+        broken = [f"{a.name} before {b.name}" for a, b in ORDER if a.name in names and b.name in names
+                  and names.index(a.name) > names.index(b.name)]  # fmt: skip
+        raise ValueError(f"pass order {names} breaks the pipeline's order: {', '.join(broken)}") from None
     manager.add_checks(_verifier(p))
     # Passes build new graphs (steps.relower) and never mutate their input.
     try:

@@ -5,7 +5,8 @@ errors), ``specs`` (MeshSpecs of DeviceMeshes, meshes planned on), ``planning``
 (``plan``, ``optimize``, the hot-plan cache, ``clear_caches``), ``eager``
 (``redistribute_local_tensor``), ``autograd`` (the differentiable redistribution),
 ``costs`` (``redistribute_cost``, our plans priced for planners), ``routing``
-(``enabled``), ``public`` (``redistribute``).
+(``enabled``), ``public`` (``redistribute``), ``advice`` (which flattened groups
+to create), ``recording`` (``record``).
 """
 
 from redist_opt.api.costs import redistribute_cost
@@ -13,6 +14,7 @@ from redist_opt.api.eager import redistribute_local_tensor
 from redist_opt.api.errors import check_groups, warn_once
 from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
+from redist_opt.api.recording import Recording, record
 from redist_opt.api.routing import enabled
 from redist_opt.api.specs import meshes_seen, recording_meshes, spec_of
 
@@ -24,6 +26,8 @@ __all__ = [
     "redistribute_cost",
     "enabled",
     "clear_caches",
+    "record",
+    "Recording",
     # for the graph layer
     "check_groups",
     "warn_once",

@@ -34,6 +34,7 @@ __all__ = [
     "routed_redistribute_local_tensor",
     "routed_redistribute_cost",
     "LOWERED_REDUCE_OPS",
+    "OBSERVERS",
 ]
 
 # Reduce ops the IR lowers; a Partial with any other op (torch's Partial accepts
@@ -46,6 +47,10 @@ _route_previous = None  # what install_redistribute_local replaced
 _cost_tokens: set = set()  # tokens of the blocks entered with costs=True
 _cost_previous: dict | None = None  # what install_redistribute_cost replaced
 _route_local = threading.local()
+
+# Called as ``observer(local_tensor, current_spec, target_spec, torch_only_reason)`` for
+# every redistribution routed inside enabled() (``redist_opt.record`` appends here).
+OBSERVERS: list = []
 
 
 def active_options() -> dict | None:
@@ -122,6 +127,9 @@ def routed_redistribute_local_tensor(
     if options is None:
         return torch_fn()
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
+    if OBSERVERS:
+        for observer in tuple(OBSERVERS):
+            observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
         return torch_fn()

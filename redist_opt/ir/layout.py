@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import permutations
 
+import torch.distributed as dist
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
     "FlatLayout",
@@ -98,8 +101,6 @@ def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
       was unflattened from, whose groups span several of the view's dims;
     * the default (world) group, when the root's rank map is ``0..world-1`` in order.
     """
-    import torch.distributed as dist
-
     root = device_mesh._get_root_mesh()
     out: dict[FlatLayout, tuple] = {}
     if dist.is_initialized():
@@ -139,8 +140,6 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout):
     root's ``_flatten_mapping`` under a name derived from the layout, so the next
     lookup (``known_communicators``) finds it.
     """
-    from torch.distributed.device_mesh import DeviceMesh
-
     root = device_mesh._get_root_mesh()
     name = "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
     existing = root._flatten_mapping.get(name)
@@ -176,8 +175,6 @@ def flattened_meshes(device_mesh) -> dict:
 def dims_of_layout(layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1) -> tuple[int, ...] | None:
     """The first ordered set of at least ``min_dims`` dims (fewest dims first) whose
     collapsed ``dim_layouts`` equal ``layout``, or None."""
-    from itertools import permutations
-
     n = len(dim_layouts)
     for k in range(min_dims, n + 1):
         for dims in permutations(range(n), k):
@@ -222,8 +219,6 @@ def is_device_mesh(obj) -> bool:
 def communicators_stamp(device_mesh) -> tuple:
     """A value that changes whenever :func:`known_communicators` may: the root mesh,
     how many flattened meshes it holds, and whether the default group is up."""
-    import torch.distributed as dist
-
     root = device_mesh._get_root_mesh()
     return (id(root), len(root._flatten_mapping), dist.is_initialized())
 
@@ -239,8 +234,6 @@ def process_group_backend(device_mesh) -> str | None:
     ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
     mesh's device type picks one. Dims on different backends give None.
     """
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         return None
     found = set()

@@ -52,14 +52,16 @@ import importlib
 import sys
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _collective_utils as _torch_collective_utils
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 from torch.utils._debug_mode import get_active_debug_mode
 
 __all__ = [
@@ -84,6 +86,9 @@ __all__ = [
     "clear_sharding_strategy_caches",
     "shape_is_symbolic",
     "record_redistribute",
+    "dispatched_op",
+    "traced_without_graph",
+    "running_autograd_node",
     "outside_tracing",
     "local_tensor_of",
     "spec_of_dtensor",
@@ -266,6 +271,36 @@ def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec,
     )
 
 
+def dispatched_op(frame) -> str | None:
+    """The aten op DTensor's dispatcher is resharding inputs for, found on the Python
+    stack from ``frame`` outwards (``redist_opt.record`` names call sites by it), or None."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_DISPATCH_FILE):
+            op_info = frame.f_locals.get("op_info")
+            op = getattr(getattr(op_info, "schema", None), "op", None) or frame.f_locals.get("op_call")
+            if op is not None:
+                return str(op)
+        frame = frame.f_back
+    return None
+
+
+_DISPATCH_FILE = "/".join(("distributed", "tensor", "_dispatch.py"))
+
+
+def running_autograd_node() -> str | None:
+    """The name of the autograd node whose backward is running (``MmBackward0``), or None."""
+    node = torch._C._current_autograd_node()
+    return None if node is None else node.name()
+
+
+def traced_without_graph(local_tensor) -> bool:
+    """Whether ``local_tensor`` is a fake tensor seen outside graph tracing: Dynamo
+    computing example values, or AOTAutograd collecting metadata (runs that build no
+    graph and are repeated); the graph's own trace runs under a proxy mode."""
+    return is_fake(local_tensor) and get_proxy_mode() is None
+
+
 def tensor_meta(shape, stride, dtype) -> TensorMeta:
     return TensorMeta(shape=torch.Size(shape), stride=tuple(stride), dtype=dtype)
 
@@ -345,15 +380,11 @@ def outside_tracing():
 def process_group_ranks(group_name: str) -> list[int]:
     """Global ranks, in group order, of the process group named ``group_name`` (the
     string functional collectives carry). Raises when no such group exists."""
-    from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
-
     return list(get_process_group_ranks(_resolve_process_group(group_name)))
 
 
 def default_store():
     """The key-value store of the default process group (the one it rendezvoused on)."""
-    import torch.distributed as dist
-
     return dist.distributed_c10d._get_default_store()
 
 

@@ -18,6 +18,7 @@ from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
 from redist_opt.ir.placements import RedistributeError, normalize_placements
 from redist_opt.tools import bench, quality
+from redist_opt.tools.advise import add_advise_command
 from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
 from redist_opt.tools.args import parse_shape, parse_size_list
 from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
@@ -340,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bench_arguments(be)
     be.set_defaults(func=cmd_bench)
+
+    add_advise_command(sub)
     return parser
 
 

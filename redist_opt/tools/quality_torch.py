@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
@@ -26,6 +25,7 @@ from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 import redist_opt
 from redist_opt.ir.layout import rank_lists
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.runtime import torch_dtensor
 from redist_opt.tools.corpus import CorpusCase
 from redist_opt.tools.quality_ours import POLICIES, op_str
 
@@ -150,7 +150,7 @@ def _group_table(spec) -> dict:
 
 def _ranks_of(name) -> tuple[int, ...]:
     """Sorted ranks of the process group ``name`` (under the fake backend: rank 0's group)."""
-    return tuple(sorted(dist.get_process_group_ranks(_resolve_process_group(name))))
+    return tuple(sorted(torch_dtensor.process_group_ranks(name)))
 
 
 def _group_of(name, table):
