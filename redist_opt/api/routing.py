@@ -116,13 +116,14 @@ def enabled(groups: str | Sequence = "existing", **options):
     of op inputs, the backward of all of those, gradients arriving through
     ``from_local`` / ``to_local(grad_placements=...)``, and ``torch.compile``
     called inside the block (AOTAutograd traces our plans into the forward and
-    backward graphs). ``options`` (passes, cost, prefer) go to :func:`optimize`.
+    backward graphs). ``options`` (passes, cost, prefer, max_collectives) go to :func:`optimize`.
     Nests; the innermost block of the calling thread decides the options.
     """
     check_groups(groups)
-    unknown = set(options) - {"passes", "cost", "prefer"}
+    unknown = set(options) - {"passes", "cost", "prefer", "max_collectives"}
     if unknown:
-        raise RedistributeError(f"enabled(): unknown options {sorted(unknown)} (expected passes, cost, prefer)")
+        raise RedistributeError(
+            f"enabled(): unknown options {sorted(unknown)} (expected passes, cost, prefer, max_collectives)")
     if options.get("passes") is not None:
         options["passes"] = tuple(options["passes"])
     entry_options = dict(groups=groups if isinstance(groups, str) else tuple(groups), **options)

@@ -50,13 +50,14 @@ def backend(
     cost=None,
     prefer: str = "time",
     graph_pass: bool = True,
+    max_collectives: str = "torch",
 ):
     """A ``torch.compile`` backend that traces DTensor redistributions through redist_opt.
 
     ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
     aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
-    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``
-    are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
+    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``,
+    ``max_collectives`` are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
     collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
     ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
@@ -69,7 +70,7 @@ def backend(
         raise ValueError(f"inner={inner!r}: expected 'inductor', 'aot_eager' or a callable (gm, example_inputs)")
     if not isinstance(inner, str) and not callable(inner):
         raise TypeError(f"inner must be 'inductor', 'aot_eager' or a callable, got {type(inner).__name__}")
-    options = {"passes": passes, "cost": cost, "prefer": prefer}
+    options = {"passes": passes, "cost": cost, "prefer": prefer, "max_collectives": max_collectives}
     return _RedistOptBackend(inner, groups, options, graph_pass=graph_pass and isinstance(groups, str))
 
 
@@ -139,6 +140,7 @@ class _RedistOptBackend:
             graph_pass.optimize_graph(
                 gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
                 cost=self.options["cost"], prefer=self.options["prefer"],
+                max_collectives=self.options["max_collectives"],
             )  # fmt: skip
         except Exception as e:  # never turn a compile that works into one that fails
             gm.graph = snapshot
