@@ -14,7 +14,18 @@ check, order constraints, and a cache.
   per-pass dumps (``redist_opt.debug.dump.pass_dump_writer``) plug in here, so
   this module never imports it.
 
-Results are cached by (plan key, groups policy, pass list, cost, prefer), so the
+The collective cap: with ``max_collectives="torch"`` (the default) the result never
+issues more collectives than torch 2.13's shipped redistribute (merge pass on) for
+the same input and existing groups, counted by the rank-free model
+``redist_opt.ir.torch_merge``. The passes choose by modelled time, which under some
+profiles (gloo, ``devices_per_host``) would split a merge torch makes; when the
+pipeline's result is over the cap, ``_within_cap`` keeps the fastest plan within it:
+the pipeline rerun with ``prefer="consistency"`` (every reduction a group allows
+merged), or torch's own merges (``torch_merged_plan``, always within the cap).
+``max_collectives="any"`` skips the cap: the cost model may trade launches for bytes.
+The cap applies to the default pipeline; a pass list the caller chose runs as given.
+
+Results are cached by (plan key, groups policy, pass list, cost, prefer, cap), so the
 eager hot path pays one dictionary lookup per redistribute after the first; a
 run with ``on_change`` is not cached (every run reports).
 """
@@ -29,7 +40,8 @@ from torch.fx.passes.infra.pass_manager import PassManager, this_before_that_pas
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.ir.plan import Plan
+from redist_opt.ir.plan import Note, Plan
+from redist_opt.ir.torch_merge import MAX_COLLECTIVES, torch_merged_plan
 from redist_opt.passes import (
     DEFAULT_PIPELINE,
     MergeAllGathers,
@@ -62,8 +74,11 @@ ORDER = [
 
 
 def run_pipeline(
-    p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", on_change: OnChange | None = None
+    p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", on_change: OnChange | None = None,
+    max_collectives: str = "torch",
 ) -> Plan:
+    if max_collectives not in MAX_COLLECTIVES:
+        raise RedistributeError(f"max_collectives={max_collectives!r}: expected one of {MAX_COLLECTIVES}")
     groups_key = groups if isinstance(groups, str) else tuple(groups)
     pass_key = None if passes is None else tuple(passes)
     if cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
@@ -71,8 +86,42 @@ def run_pipeline(
     else:
         source = "passed as cost="
     if on_change is not None:  # reporting: run uncached, so every run reports
-        return _run_cached.__wrapped__(p, groups_key, pass_key, cost, prefer, source, on_change)
-    return _run_cached(p, groups_key, pass_key, cost, prefer, source)
+        return _run_capped(p, groups_key, pass_key, cost, prefer, source, max_collectives, on_change)
+    return _run_capped(p, groups_key, pass_key, cost, prefer, source, max_collectives)
+
+
+def _run_capped(p: Plan, groups, passes, cost, prefer, source, max_collectives, on_change=None) -> Plan:
+    if on_change is not None:
+        result = _run_cached.__wrapped__(p, groups, passes, cost, prefer, source, on_change)
+    else:
+        result = _run_cached(p, groups, passes, cost, prefer, source)
+    if max_collectives == "any" or p.fallback or passes is not None:
+        return result  # a pass list the caller chose runs as given (``passes=()``: torch's own steps)
+    return _within_cap(p, result, groups, passes, cost, prefer, source)
+
+
+@functools.lru_cache(maxsize=4096)
+def _within_cap(p: Plan, result: Plan, groups, passes, cost, prefer, source) -> Plan:
+    """``result``, or when it issues more collectives than torch's plan for ``p``, the
+    fastest plan that does not (modelled time, then bytes): the pipeline rerun with
+    ``prefer="consistency"``, or torch's own merges."""
+    torch_plan = torch_merged_plan(p)
+    cap = torch_plan.num_collectives
+    if result.num_collectives <= cap:
+        return result
+    options = []
+    if prefer != "consistency":
+        merged = _run_cached(p, groups, passes, cost, "consistency", source)
+        if merged.num_collectives <= cap:
+            options.append(merged)
+    options.append(torch_plan.replace(
+        applied_passes=("torch-merges",), notes=result.notes, cost_profile=result.cost_profile))
+    best = min(options, key=lambda o: (cost.plan_time(o), o.bytes_per_rank))
+    note = Note("collective-cap", True, f"kept a plan of {best.num_collectives} collectives",
+                f"the passes' plan issues {result.num_collectives} collectives, torch 2.13 issues {cap}; "
+                f"max_collectives='torch' keeps the fastest plan within torch's count "
+                f"(pass max_collectives='any' to trade launches for bytes)")
+    return best.replace(notes=tuple(best.notes) + (note,))
 
 
 class _Tracked:
@@ -163,3 +212,4 @@ def _verifier(p: Plan):
 def clear_cache() -> None:
     """Forget every pipeline result (``redist_opt.clear_caches``)."""
     _run_cached.cache_clear()
+    _within_cap.cache_clear()

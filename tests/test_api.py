@@ -175,7 +175,7 @@ def test_bad_groups_policy():
 def test_replicas_bitwise_equal_across_hosts_with_consistency():
     # Two dims straddling hosts (devices_per_host=2: dim a crosses hosts). With a
     # ring profile whose inter-host latency makes the merged all_reduce slower,
-    # prefer="time" keeps two reductions; prefer="consistency" merges anyway so
+    # prefer="time" with max_collectives="any" keeps two reductions; prefer="consistency" merges anyway so
     # every replica comes from one reduction.
     ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
                      bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")
@@ -187,8 +187,11 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
             lm.rank_map(lambda r: g * (r + 1) / 3), mesh, [Partial(), Partial()], run_check=False
         )
         with CommDebugMode() as cdm:
-            timed = redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring)
+            timed = redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring, max_collectives="any")
         assert cdm.get_total_counts() == 2
+        with CommDebugMode() as cdm:  # by default: never more collectives than torch's 1
+            redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring)
+        assert cdm.get_total_counts() == 1
         with CommDebugMode() as cdm:
             out = redist_opt.redistribute(dt, [Replicate(), Replicate()], cost=ring, prefer="consistency")
         assert cdm.get_total_counts() == 1
@@ -208,7 +211,7 @@ def test_clear_caches_forgets_all_five_caches(tmp_path, monkeypatch):
         def build():
             spec = specs.spec_of(mesh)
             naive = redist_opt.plan(mesh, "P,P", "R,S(0)", shape=(8, 4))
-            options = ("existing", None, None, "time")
+            options = ("existing", None, None, "time", "torch")
             return dict(
                 spec=spec,
                 plan=naive,

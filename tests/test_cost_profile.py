@@ -97,12 +97,16 @@ def test_env_profile_file_is_honoured(tmp_path, monkeypatch):
     path = tmp_path / "calibrated.json"
     SLOW_RING.save(path, calibration={"note": "as `redist-opt calibrate` writes it"})
     monkeypatch.setenv(PROFILE_ENV, str(path))
-    # The file wins over the backend's profile, and changes the decision: under it
-    # the three pair all_reduces stay separate.
+    # The file wins over the backend's profile, and changes the decision: under it,
+    # opting in to more collectives than torch, the three pair all_reduces stay separate.
     p = _p3()
-    opt = redist_opt.optimize(p)
+    opt = redist_opt.optimize(p, max_collectives="any")
     assert opt.cost_profile == f"calibrated-slow-ring ({PROFILE_ENV}={path})"
     assert sorted(signature(opt)) == ["all_reduce[sum](a)", "all_reduce[sum](b)", "all_reduce[sum](c)"]
+    # by default the plan keeps torch's count: its one all_reduce over a+b+c
+    capped = redist_opt.optimize(p)
+    assert capped.cost_profile == f"calibrated-slow-ring ({PROFILE_ENV}={path})"
+    assert signature(capped) == ["all_reduce[sum](a+b+c)"]
     gloo = redist_opt.plan(redist_opt.MeshSpec((2, 2), ("a", "b"), backend="gloo"), "P,P", "R,R", shape=(4,))
     assert redist_opt.optimize(gloo).cost_profile.startswith("calibrated-slow-ring (")
     # A built-in name works too.

@@ -33,6 +33,7 @@ def redistribute_local_tensor(
     passes=None,
     cost=None,
     prefer: str = "time",
+    max_collectives: str = "torch",
 ) -> torch.Tensor:
     """redist_opt's version of torch's ``redistribute_local_tensor`` (same contract)."""
     device_mesh = current_spec.mesh
@@ -50,7 +51,7 @@ def redistribute_local_tensor(
             target_spec.placements,
             tuple(current_spec.shape),
             local_tensor.dtype,
-            (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer),
+            (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer, max_collectives),
         )
         reason = p.fallback_reason
     if reason is not None:

@@ -38,12 +38,13 @@ def redistribute(
     passes=None,
     cost=None,
     prefer: str = "time",
+    max_collectives: str = "torch",
 ) -> DTensor:
     """Drop-in for ``DTensor.redistribute`` that plans and optimizes the collectives.
 
     ``groups="existing"`` uses only process groups that already exist;
     ``groups="create"`` lets merged collectives create flattened groups on first use.
-    ``passes``, ``cost`` and ``prefer`` are passed to :func:`optimize`
+    ``passes``, ``cost``, ``prefer`` and ``max_collectives`` are passed to :func:`optimize`
     (``passes=[]`` runs DTensor's own plan through redist_opt's runtime).
     """
     check_groups(groups)
@@ -75,7 +76,8 @@ def redistribute(
         "forward": (forward_dtype, forward_dtype),
         "backward": (backward_dtype or input_dtype, input_dtype),
     }
-    options = dict(groups=groups, passes=None if passes is None else tuple(passes), cost=cost, prefer=prefer)
+    options = dict(groups=groups, passes=None if passes is None else tuple(passes), cost=cost, prefer=prefer,
+                   max_collectives=max_collectives)
     return apply_redistribute(dtensor, device_mesh, target, async_op, dtype_config, options)
 
 

@@ -159,7 +159,7 @@ def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **optio
     of op inputs, the backward of all of those, gradients arriving through
     ``from_local`` / ``to_local(grad_placements=...)``, and ``torch.compile``
     called inside the block (AOTAutograd traces our plans into the forward and
-    backward graphs). ``options`` (passes, cost, prefer) go to :func:`optimize`.
+    backward graphs). ``options`` (passes, cost, prefer, max_collectives) go to :func:`optimize`.
     Nests; the innermost block of the calling thread decides the options.
 
     ``costs=True`` also makes DTensor's sharding propagation choose op strategies
@@ -172,10 +172,10 @@ def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **optio
     meet each other's cached choices.)
     """
     check_groups(groups)
-    unknown = set(options) - {"passes", "cost", "prefer"}
+    unknown = set(options) - {"passes", "cost", "prefer", "max_collectives"}
     if unknown:
         raise RedistributeError(
-            f"enabled(): unknown options {sorted(unknown)} (expected costs, passes, cost, prefer)"
+            f"enabled(): unknown options {sorted(unknown)} (expected costs, passes, cost, prefer, max_collectives)"
         )
     if options.get("passes") is not None:
         options["passes"] = tuple(options["passes"])

@@ -50,13 +50,14 @@ def backend(
     cost=None,
     prefer: str = "time",
     graph_pass: bool = True,
+    max_collectives: str = "torch",
 ):
     """A ``torch.compile`` backend that traces DTensor redistributions through redist_opt.
 
     ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
     aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
-    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``
-    are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
+    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``,
+    ``max_collectives`` are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
     collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
     ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
@@ -66,7 +67,7 @@ def backend(
     """
     check_groups(groups)
     check_inner(inner)
-    options = {"passes": passes, "cost": cost, "prefer": prefer}
+    options = {"passes": passes, "cost": cost, "prefer": prefer, "max_collectives": max_collectives}
     return _RedistOptBackend(inner, groups, options, graph_pass=graph_pass and isinstance(groups, str))
 
 
@@ -130,6 +131,7 @@ class _RedistOptBackend:
         run_graph_pass(
             gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
             cost=self.options["cost"], prefer=self.options["prefer"],
+            max_collectives=self.options["max_collectives"],
         )  # fmt: skip
 
 
@@ -163,14 +165,18 @@ def graph_compiler(inner) -> Callable:
     return inner
 
 
-def run_graph_pass(gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time") -> None:
+def run_graph_pass(
+    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch"
+) -> None:
     """The compiled-graph pass on ``gm``, in place. If it fails, ``gm`` gets back the
     graph as traced and a warning is given once per distinct failure: a compile that
     works never fails because of the pass."""
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        graph_pass.optimize_graph(gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer)
+        graph_pass.optimize_graph(
+            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives
+        )
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
         gm.recompile()

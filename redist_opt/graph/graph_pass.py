@@ -149,6 +149,7 @@ def optimize_graph(
     cost: CostModel | None = None,
     prefer: str = "time",
     all_gather=None,
+    max_collectives: str = "torch",
 ) -> GraphPassResult:
     """Raise, optimize and lower back every collective chain of ``gm``, in place.
 
@@ -160,7 +161,7 @@ def optimize_graph(
     meshes it traced on).
     ``groups``: "existing" (only process groups that exist) or "create"
     (flattened groups created at compile time, in graph order).
-    ``cost`` / ``prefer``: as for :func:`redist_opt.optimize`.
+    ``cost`` / ``prefer`` / ``max_collectives``: as for :func:`redist_opt.optimize`.
     ``all_gather``: how ranks agree on the mesh dims of constant-index slices,
     ``all_gather(facts) -> every rank's facts, or a reason string``, called once per
     chain that needs it (default: through the default group's store, among the ranks
@@ -168,10 +169,11 @@ def optimize_graph(
     """
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(gm, meshes, groups, cost, prefer, all_gather)
+        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), all_gather)
 
 
-def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassResult:
+def _optimize_graph(gm, meshes, groups, cost, choice, all_gather) -> GraphPassResult:
+    """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
     tag = _dump_tag(graph) if dump_dir is not None else None
@@ -195,7 +197,7 @@ def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassRe
         if why is not None:
             not_raised.append(NotRaised(chain.names, why))
             continue
-        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, prefer)
+        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice)
         if chain.stop_reason and not res.rewritten:
             res.reason += f"; the chain stops before {chain.stop_reason}"
         results.append(res)
@@ -218,7 +220,8 @@ def _optimize_graph(gm, meshes, groups, cost, prefer, all_gather) -> GraphPassRe
     return result
 
 
-def _optimize_chain(graph, chain: Chain, groups, cost, prefer):
+def _optimize_chain(graph, chain: Chain, groups, cost, choice):
+    prefer, max_collectives = choice
     spec = chain.ctx.spec
     src = ",".join(placement_str(p) for p in chain.src)
     dst = ",".join(placement_str(p) for p in chain.dst)
@@ -233,7 +236,8 @@ def _optimize_chain(graph, chain: Chain, groups, cost, prefer):
         naive = make_plan(spec, chain.src, chain.dst, chain.shape, chain.dtype)
         if naive.fallback:
             return result([], False, f"not planned: {naive.fallback_reason}"), None, ()
-        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer, on_change=pass_dump_writer(None, naive))
+        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
+                            on_change=pass_dump_writer(None, naive))
     except RedistributeError as e:
         return result([], False, f"not planned: {e}"), None, ()
     after = _plan_collectives(plan)
@@ -285,24 +289,25 @@ class RedistGraphPass(CustomGraphPass):
     """
 
     def __init__(self, *, meshes=None, groups: str = "existing", cost: CostModel | None = None,
-                 prefer: str = "time") -> None:
+                 prefer: str = "time", max_collectives: str = "torch") -> None:
         if groups != "existing":
             raise ValueError(
                 "RedistGraphPass takes groups='existing' only: flatten the mesh dims you want "
                 "merged before compiling, or use redist_opt.backend(groups='create')"
             )
         self.meshes, self.groups, self.cost, self.prefer = meshes, groups, cost, prefer
+        self.max_collectives = max_collectives
         self.results: list[GraphPassResult] = []
 
     def __call__(self, graph: fx.Graph) -> None:
         self.results.append(
             optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost,
-                           prefer=self.prefer, all_gather=_no_agreement)
+                           prefer=self.prefer, all_gather=_no_agreement, max_collectives=self.max_collectives)
         )
 
     def uuid(self):
         cost = self.cost.to_dict() if self.cost is not None else "default"
-        extra = repr((self.groups, self.prefer, sorted(cost.items()) if isinstance(cost, dict) else cost))
+        extra = repr((self.groups, self.prefer, self.max_collectives, sorted(cost.items()) if isinstance(cost, dict) else cost))
         return get_hash_for_files(SOURCE_FILES, extra)
 
 

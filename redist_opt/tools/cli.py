@@ -82,7 +82,8 @@ def _explain_optimize(args, naive, model):
         # model itself, and records where it came from in the plan (and the dumps).
         given = None if args.cost_model is None and args.devices_per_host is None else model
         return redist_opt.optimize(
-            naive, groups=args.groups, cost=given, prefer=args.prefer, dump_dir=args.dump_dir
+            naive, groups=args.groups, cost=given, prefer=args.prefer, dump_dir=args.dump_dir,
+            max_collectives=args.max_collectives,
         )
     except ValueError as e:
         if isinstance(e, RedistributeError) or dump.DUMP_PASSES_ENV in str(e):
@@ -263,6 +264,9 @@ def _add_explain_arguments(ex) -> None:
     ex.add_argument("--prefer", default="time", choices=["time", "consistency"],
                     help="time (default: merge where the cost model says it pays) or consistency "
                     "(merge every reduction a group allows: bitwise-equal replicas)")
+    ex.add_argument("--max-collectives", default="torch", choices=["torch", "any"],
+                    help="torch (default: never more collectives than torch 2.13's shipped plan) or "
+                    "any (the cost model may trade launches for bytes)")
     ex.add_argument("--format", default="text", choices=["text", "json", "dot"],
                     help="text (default), json (schema redist_opt.explain/1) or dot (plan graph)")
     ex.add_argument("--rank-lists", type=int, default=2, metavar="K",
