@@ -90,7 +90,8 @@ def _merges(mesh: MeshSpec, run: Sequence[StepInfo]) -> bool:
         return False
     if mesh.group(ascending).layout not in mesh.flattened_layouts:
         return False
-    if kind != "all_reduce" and mesh.rank_order(ascending) != ascending:
+    real = tuple(d for d in ascending if mesh.sizes[d] > 1)  # rank_order drops size-1 dims
+    if kind != "all_reduce" and mesh.rank_order(ascending) != real:
         return False  # torch's merged collective would not be DTensor's layout: we keep it split
     if kind == "reduce_scatter":
         outer = min(run, key=lambda s: s.mesh_dims[0])
