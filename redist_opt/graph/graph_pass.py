@@ -51,7 +51,7 @@ from pathlib import Path
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer
+from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
 from redist_opt.graph import agreement, chain_placements, lower_chains, mesh_groups, raise_chains
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import agree_slice_dims
@@ -316,7 +316,7 @@ _seq = itertools.count()
 
 
 def _dump_tag(graph) -> str:
-    return f"{next(_seq):04d}.graph_pass"
+    return f"{next(_seq):04d}.graph_pass{rank_suffix()}"
 
 
 def _graph_text(gm) -> str:
