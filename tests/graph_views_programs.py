@@ -8,7 +8,8 @@ with the installed torch's ``DeviceMesh._unflatten``, for pp=1, dp_replicate=1,
 dp_shard=2, cp=2, tp=2, ep=2 on 8 ranks (``full_dtensor`` layout), plus the
 flattened ``dp_shard_cp`` group SimpleFSDP reduces gradients over.
 
-Usage as a script (one fake rank, prints JSON): ``python graph_views_programs.py fake RANK``.
+Usage as a script (prints JSON): ``python graph_views_programs.py fake RANK`` (one
+fake rank) or ``python graph_views_programs.py gloo RANK 8 PORT`` (outputs checked).
 """
 
 from __future__ import annotations
@@ -124,5 +125,23 @@ def fake_main(rank: int) -> dict:
     return run_programs(rank)
 
 
+def gloo_main(rank: int, world: int, port: int) -> dict:
+    """Every program eagerly and compiled with the pass on gloo ranks: outputs equal
+    (inputs are integer-valued, so regrouped sums are exact)."""
+    import torch
+
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+    def check(name, fn, x, got):
+        assert torch.equal(got, fn(x)), f"rank {rank} {name}: outputs differ"
+
+    report = run_programs(rank, check)
+    dist.destroy_process_group()
+    return report
+
+
 if __name__ == "__main__" and sys.argv[1] == "fake":
     print("JSON" + json.dumps(fake_main(int(sys.argv[2]))))
+elif __name__ == "__main__" and sys.argv[1] == "gloo":
+    print("JSON" + json.dumps(gloo_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
