@@ -9,7 +9,8 @@ dp_shard=2, cp=2, tp=2, ep=2 on 8 ranks (``full_dtensor`` layout), plus the
 flattened ``dp_shard_cp`` group SimpleFSDP reduces gradients over.
 
 Usage as a script (prints JSON): ``python graph_views_programs.py fake RANK`` (one
-fake rank) or ``python graph_views_programs.py gloo RANK 8 PORT`` (outputs checked).
+fake rank), ``... torchtitan RANK`` (the same with torchtitan's own ``ParallelDims``,
+when installed) or ``... gloo RANK 8 PORT`` (8 gloo ranks, outputs checked).
 """
 
 from __future__ import annotations
@@ -53,6 +54,21 @@ def build_meshes(world_size: int = 8, degrees=DEGREES) -> dict:
     dense["dp_shard", "cp"]._flatten("dp_shard_cp")
     return {"world": world, "dataloading": dataloading, "loss": loss, "dense": dense, "sparse": sparse,
             "spmd": dense["dp_shard", "cp", "tp"], "expert": sparse["efsdp", "ep"]}
+
+
+def build_meshes_torchtitan(world_size: int = 8, degrees=DEGREES) -> dict:
+    """The same meshes from torchtitan's own ``ParallelDims`` (when installed)."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    d = degrees
+    dims = ParallelDims(dp_replicate=d["dp_replicate"], dp_shard=d["dp_shard"], cp=d["cp"], tp=d["tp"],
+                        pp=d["pp"], ep=d["ep"], world_size=world_size, spmd_backend="full_dtensor")
+    world = dims.build_mesh()
+    meshes = dims._global_meshes
+    dense, sparse = meshes["dense"], meshes["sparse"]
+    dense["dp_shard", "cp"]._flatten("dp_shard_cp")
+    return {"world": world, "dataloading": meshes["dataloading"], "loss": meshes["loss"], "dense": dense,
+            "sparse": sparse, "spmd": dense["dp_shard", "cp", "tp"], "expert": sparse["efsdp", "ep"]}
 
 
 # -- programs: (make(meshes) -> fn, local input shape, mesh given to the pass) -------------------
@@ -101,10 +117,10 @@ PROGRAMS = {
 }
 
 
-def run_programs(rank: int, check=None) -> dict:
+def run_programs(rank: int, check=None, build=build_meshes) -> dict:
     """Each program compiled with the pass (meshes given as the backend would, and
     found among the live meshes); with ``check(name, fn, x, got)`` each is also run eagerly."""
-    meshes = build_meshes()
+    meshes = build()
     report = {}
     for name, (make, shape, m) in PROGRAMS.items():
         for given in ("given", "live"):
@@ -120,9 +136,9 @@ def run_programs(rank: int, check=None) -> dict:
     return report
 
 
-def fake_main(rank: int) -> dict:
+def fake_main(rank: int, torchtitan: bool = False) -> dict:
     dist.init_process_group("fake", rank=rank, world_size=8)
-    return run_programs(rank)
+    return run_programs(rank, build=build_meshes_torchtitan if torchtitan else build_meshes)
 
 
 def gloo_main(rank: int, world: int, port: int) -> dict:
@@ -141,7 +157,7 @@ def gloo_main(rank: int, world: int, port: int) -> dict:
     return report
 
 
-if __name__ == "__main__" and sys.argv[1] == "fake":
-    print("JSON" + json.dumps(fake_main(int(sys.argv[2]))))
+if __name__ == "__main__" and sys.argv[1] in ("fake", "torchtitan"):
+    print("JSON" + json.dumps(fake_main(int(sys.argv[2]), torchtitan=sys.argv[1] == "torchtitan")))
 elif __name__ == "__main__" and sys.argv[1] == "gloo":
     print("JSON" + json.dumps(gloo_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))

@@ -5,6 +5,7 @@ expert meshes), on one fake rank (rank 5 of 8) in a subprocess; see
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -71,3 +72,13 @@ def test_outputs_equal_on_eight_gloo_ranks():
     reports = [_parse(p.returncode, *o) for p, o in zip(procs, outs)]
     for r in reports:  # every rank rewrote every program (outputs were checked in the ranks)
         assert all(g["modified"] for graphs in r.values() for g in graphs), r
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
+def test_meshes_from_torchtitan_parallel_dims():
+    proc = subprocess.run([sys.executable, SCRIPT, "torchtitan", "5"], capture_output=True, text=True, timeout=900)
+    r = _parse(proc.returncode, proc.stdout, proc.stderr)
+    for name in ("simplefsdp_grad", "ppp_grad", "expert_grad"):
+        for given in ("given", "live"):
+            (g,) = r[f"{given}/{name}"]
+            assert g["modified"] and g["after"] == {"all_reduce": 1}, g["explain"]
