@@ -596,6 +596,7 @@ def test_plan_tag():
 
 def test_write_pass_dump_names_and_contents(tmp_path, monkeypatch):
     monkeypatch.delenv(dump.DUMP_PASSES_ENV, raising=False)
+    monkeypatch.setattr(dump, "rank_suffix", lambda: "")  # names as in a one-rank run (see test_dump_ranks)
     naive, optimized = case_plans(load_cases()["design1_nonconsecutive_reductions"])
     before = dump.write_pass_dump(tmp_path / "d", 0, "default", None, naive)
     after = dump.write_pass_dump(tmp_path / "d", 1, "default", "merge-reductions", optimized)
@@ -615,6 +616,7 @@ def test_write_pass_dump_names_and_contents(tmp_path, monkeypatch):
 
 
 def test_write_pass_dump_filter(tmp_path, monkeypatch):
+    monkeypatch.setattr(dump, "rank_suffix", lambda: "")  # names as in a one-rank run (see test_dump_ranks)
     naive, optimized = case_plans(load_cases()["design1_nonconsecutive_reductions"])
     monkeypatch.setenv(dump.DUMP_PASSES_ENV, "^merge-")
     assert dump.write_pass_dump(tmp_path, 1, "default", "reorder-collectives", optimized) == []

@@ -21,6 +21,11 @@ the first pass and after each pass that changed the IR, when
 ``REDIST_OPT_DUMP_PASSES`` is an optional regex: only passes whose name it
 matches (``re.search``) are dumped (``before_pipeline`` always is). ``diff`` two
 consecutive ``.txt`` files to see what a pass did.
+
+In a multi-rank run (torch.distributed initialized with world size > 1) every
+dump file name carries the rank, ``NNNN.<pipeline>.rankR.<stage>``, so ranks
+writing to one directory do not overwrite each other; :func:`rank_suffix` is the
+one helper every dump writer (the compiled-graph pass and backend too) uses.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import itertools
 import os
 import re
 from pathlib import Path
+
+import torch.distributed as dist
 
 from redist_opt.ir.placements import placement_str
 from redist_opt.debug.dot import plan_to_dot
@@ -44,6 +51,7 @@ __all__ = [
     "dump_pass_filter_from_env",
     "pass_selected",
     "plan_tag",
+    "rank_suffix",
     "DUMP_DIR_ENV",
     "DUMP_PASSES_ENV",
 ]
@@ -110,6 +118,14 @@ def plan_tag(plan) -> str:
     return _UNSAFE.sub("_", f"{mesh}_{src}_to_{dst}_{shape}_{_dtype_str(plan.dtype)}")
 
 
+def rank_suffix() -> str:
+    """``".rankR"`` when torch.distributed is initialized with world size > 1, else ``""``:
+    the part of every dump file name that keeps ranks from overwriting each other."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f".rank{dist.get_rank()}"
+    return ""
+
+
 def pass_dump_writer(dump_dir, plan):
     """The ``on_change`` callback of ``pipeline.run_pipeline`` that dumps ``plan``'s run
     into ``dump_dir`` (default ``$REDIST_OPT_DUMP_DIR``): ``NNNN.default_<plan_tag>.<stage>``
@@ -128,7 +144,7 @@ def pass_dump_writer(dump_dir, plan):
 
 
 def write_pass_dump(directory, seq: int, pipeline: str, pass_name: str | None, plan) -> list[Path]:
-    """Write ``NNNN.<pipeline>.<stage>.txt`` and ``.dot`` for ``plan``; return the paths.
+    """Write ``NNNN.<pipeline>[.rankR].<stage>.txt`` and ``.dot`` for ``plan``; return the paths.
 
     ``pass_name`` is the kebab-case pass name (the stage is ``after_<pass_name>``),
     or ``None`` / ``"before_pipeline"`` for the IR before the first pass.
@@ -140,7 +156,7 @@ def write_pass_dump(directory, seq: int, pipeline: str, pass_name: str | None, p
     stage = _stage(pass_name)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"{int(seq):04d}.{_UNSAFE.sub('_', pipeline)}.{_UNSAFE.sub('_', stage)}"
+    stem = f"{int(seq):04d}.{_UNSAFE.sub('_', pipeline)}{rank_suffix()}.{_UNSAFE.sub('_', stage)}"
     txt = directory / f"{stem}.txt"
     dot = directory / f"{stem}.dot"
     txt.write_text(format_plan(plan) + "\n", encoding="utf-8")

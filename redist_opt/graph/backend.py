@@ -29,11 +29,10 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
-import torch.distributed as dist
 import torch.fx as fx
 
 from redist_opt.api import check_groups, enabled, meshes_seen, recording_meshes, warn_once
-from redist_opt.debug.dump import dump_dir_from_env
+from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.ir import layout as L
 
@@ -258,7 +257,7 @@ def _dump_graph(gm: fx.GraphModule, kind: str) -> None:
         return
     with _dump_lock:
         seq = next(_dump_seq)
-    rank = f".rank{dist.get_rank()}" if dist.is_initialized() and dist.get_world_size() > 1 else ""
+    rank = rank_suffix()
     lines = describe_collectives(gm)
     text = [f"# {kind} graph traced by redist_opt.backend", f"# {len(lines)} collective(s)"]
     text += [f"#   {line}" for line in lines] or ["#   (none)"]

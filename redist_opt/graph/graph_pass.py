@@ -6,6 +6,9 @@ Entry points:
   prefer="time") -> GraphPassResult``: rewrites a forward/backward
   ``GraphModule`` in place (what ``redist_opt.backend`` calls before its inner
   compiler);
+  Then all-reduce reassociation (:mod:`redist_opt.graph.reassociate`):
+  ``add(all_reduce(a, G), all_reduce(b, G))`` -> ``all_reduce(add(a, b), G)``;
+  counted in ``GraphPassResult.reassociated``;
 * :class:`RedistGraphPass`: the same as an Inductor ``CustomGraphPass`` for
   ``torch._inductor.config.post_grad_custom_post_pass``, with a stable ``uuid``
   (hash of this pass's source files and options) so FX graph caching stays correct.
@@ -51,8 +54,8 @@ from pathlib import Path
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer
-from redist_opt.graph import agreement, chain_placements, lower_chains, mesh_groups, raise_chains
+from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
+from redist_opt.graph import agreement, chain_placements, lower_chains, mesh_groups, raise_chains, reassociate
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import agree_slice_dims
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, truncate
@@ -60,6 +63,7 @@ from redist_opt.graph.chain_placements import assign_placements
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.graph.raise_chains import find_chains
+from redist_opt.graph.reassociate import Reassociation, reassociate_all_reduces
 from redist_opt.ir.cost import CostModel, steps_and_bytes
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
@@ -95,6 +99,13 @@ class GraphPassResult:
     modified: bool
     chains: list[ChainResult]
     not_raised: list[NotRaised]
+    # adds/subs of all_reduced values rewritten by the reassociation pass (after the chains)
+    reassociated: list[Reassociation] = dataclasses.field(default_factory=list)
+
+    @property
+    def all_reduces_reassociated(self) -> int:
+        """All_reduces the reassociation pass removed."""
+        return sum(r.removed for r in self.reassociated)
 
     @property
     def collectives_before(self) -> int:
@@ -106,6 +117,7 @@ class GraphPassResult:
 
     def explain(self) -> str:
         lines = [str(c) for c in self.chains] + [str(n) for n in self.not_raised]
+        lines += [str(r) for r in self.reassociated]
         return "\n".join(lines)
 
 
@@ -150,8 +162,11 @@ def optimize_graph(
     prefer: str = "time",
     all_gather=None,
     max_collectives: str = "torch",
+    reassociate: bool = True,
 ) -> GraphPassResult:
-    """Raise, optimize and lower back every collective chain of ``gm``, in place.
+    """Raise, optimize and lower back every collective chain of ``gm``, in place; then
+    (``reassociate=True``) fold adds of all_reduced values into one all_reduce of the
+    sum (:mod:`redist_opt.graph.reassociate`).
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
     against; None finds every live root mesh this rank belongs to, and a group name
@@ -169,10 +184,10 @@ def optimize_graph(
     """
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), all_gather)
+        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), all_gather, reassociate)
 
 
-def _optimize_graph(gm, meshes, groups, cost, choice, all_gather) -> GraphPassResult:
+def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=True) -> GraphPassResult:
     """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
@@ -209,11 +224,13 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather) -> GraphPassRe
                 if not n.users:
                     graph.erase_node(n)
             modified = True
+    reassociated = reassociate_all_reduces(graph) if reassociate else []
+    modified = modified or bool(reassociated)
     if modified:
         graph.lint()
         if isinstance(gm, fx.GraphModule):
             gm.recompile()
-    result = GraphPassResult(modified, results, not_raised)
+    result = GraphPassResult(modified, results, not_raised, reassociated)
     if dump_dir is not None:
         _write(dump_dir, f"{tag}.after.txt", _graph_text(gm))
         _write(dump_dir, f"{tag}.explain.txt", result.explain() + "\n")
@@ -267,7 +284,8 @@ except ImportError:  # pragma: no cover
 
 # The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
 SOURCE_FILES = (__file__, *(
-    m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains)
+    m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains,
+                         reassociate)
 ))
 
 
@@ -321,7 +339,7 @@ _seq = itertools.count()
 
 
 def _dump_tag(graph) -> str:
-    return f"{next(_seq):04d}.graph_pass"
+    return f"{next(_seq):04d}.graph_pass{rank_suffix()}"
 
 
 def _graph_text(gm) -> str:

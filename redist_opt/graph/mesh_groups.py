@@ -1,10 +1,13 @@
-"""The root DeviceMeshes of a compiled program, and process-group names read as mesh dims.
+"""The DeviceMeshes of a compiled program, and process-group names read as mesh dims.
 
 A functional collective names its group by string. Raising needs the group as an
-ordered set of dims of a root DeviceMesh (legality 2 of
+ordered set of dims of one DeviceMesh (legality 2 of
 :mod:`redist_opt.graph.raise_chains`): :func:`resolve_group_name` finds the dims
 whose ranks, through this rank's coordinate, are the group's ranks in order.
-:func:`mesh_contexts` lists the roots to search, in the same order on every rank.
+:func:`mesh_contexts` lists the meshes to search, in the same order on every
+rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
+(torchtitan), matched through their layouts in the root's index space
+(:mod:`redist_opt.ir.layout`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,20 @@ __all__ = ["MeshContext", "mesh_contexts", "resolve_group_name"]
 
 @dataclasses.dataclass
 class MeshContext:
-    """One root DeviceMesh of the program, as raising and lowering see it."""
+    """One DeviceMesh of the program (a root, or a full view of one), as raising and
+    lowering see it."""
 
-    device_mesh: object  # the root DeviceMesh
+    device_mesh: object  # the root DeviceMesh, or an _unflatten view of all of it
     spec: MeshSpec
-    coord: tuple[int, ...]  # this rank's coordinate in the root
-    rank_map: list  # the root's ranks as nested lists (mesh.tolist())
+    coord: tuple[int, ...]  # this rank's coordinate in device_mesh
+    rank_map: list  # device_mesh's ranks as nested lists (mesh.tolist())
     # Root dims the program's meshes span: the ranks of this rank's group over them
     # are the ranks that compile the same program (a pipeline stage's submesh spans
     # fewer dims than its root).
     scope_dims: tuple[int, ...] = ()
+    # Whether a mesh given to the pass stands for this context (else it is a sibling
+    # view of a given mesh's root, searched after the given ones).
+    given: bool = True
 
     def ranks_of(self, dims: Sequence[int]) -> list[int]:
         """Global ranks of the group over ``dims`` (row-major, first dim slowest) holding this rank."""
@@ -68,43 +75,95 @@ class MeshContext:
 
 
 def mesh_contexts(meshes=None) -> list[MeshContext]:
-    """Root meshes to raise over: those given (any submesh stands for its root), or,
-    with ``meshes=None``, every live root DeviceMesh this rank belongs to.
+    """Meshes to raise over: for each mesh given (or, with ``meshes=None``, each
+    live DeviceMesh this rank belongs to), the mesh whose dims it is a set of.
 
-    Sorted by (number of dims, flattened groups, sizes, names) so the search order
-    is the same on every rank; among equal roots (the same ranks, so the same
-    meaning) the one with more flattened groups comes first, as it offers more merges.
-    A root's ``scope_dims`` are the dims the given meshes span (every dim with
-    ``meshes=None``, or when a given mesh is no set of its root's dims).
+    That is its root when its dims are sets of the root's dims (any submesh of an
+    ``init_device_mesh`` mesh); otherwise a full view of the root (a mesh
+    ``root._unflatten(...)`` built, as torchtitan builds every mesh from a 1-D
+    world mesh) whose dims it spans, found among the live meshes; otherwise the
+    mesh itself. Every other full view of the same root comes after them, so groups
+    of sibling meshes (dense and expert meshes) resolve too. Each mesh is one
+    context, whichever objects stand for it.
+
+    Sorted by (given first, number of dims, real dims, flattened groups, sizes,
+    names) so the search order is the same on every rank; among equal meshes (the
+    same ranks, so the same meaning) the one with more flattened groups comes first,
+    as it offers more merges. A context's ``scope_dims`` are the dims the given
+    meshes span (every dim with ``meshes=None``).
     """
     given = meshes is not None
     if meshes is None:
         meshes = _live_meshes()
     elif isinstance(meshes, DeviceMesh):
         meshes = [meshes]
-    roots: dict[int, MeshContext] = {}
+    live = _live_meshes() if given and not all(_spans_root(m) for m in meshes) else meshes
+    views = sorted((v for v in live if _alive(v) and L.is_full_view(v)), key=_view_order)
+    contexts: dict[tuple, MeshContext] = {}
     for m in meshes:
-        try:
-            root = L.root_mesh(m)
-        except ReferenceError:  # a view whose root mesh was garbage-collected
+        if not _alive(m):  # a view whose root mesh was garbage-collected
             continue
-        coord = root.get_coordinate()
+        base, spanned = _base_of(m, views)
+        ctx = _context(contexts, base, given=True)
+        if ctx is not None:
+            spanned = spanned if given and spanned is not None else tuple(range(ctx.spec.ndim))
+            ctx.scope_dims = tuple(sorted(set(ctx.scope_dims) | set(spanned)))
+    roots = {id(L.root_mesh(c.device_mesh)) for c in contexts.values()}
+    for v in views:  # sibling views of the same roots: later in the search order
+        if id(L.root_mesh(v)) in roots:
+            ctx = _context(contexts, v, given=False)
+            if ctx is not None and not ctx.scope_dims:
+                ctx.scope_dims = tuple(range(ctx.spec.ndim))
+    return sorted(contexts.values(), key=lambda c: (not c.given, *_context_order(c)))
+
+
+def _alive(m) -> bool:
+    try:
+        L.root_mesh(m)
+        return True
+    except ReferenceError:
+        return False
+
+
+def _spans_root(m) -> bool:
+    return not _alive(m) or L.root_dims_spanned(m) is not None
+
+
+def _base_of(m, views):
+    """(mesh whose dims ``m`` is a set of, the dims it spans there)."""
+    root = L.root_mesh(m)
+    spanned = L.root_dims_spanned(m)
+    if spanned is not None:
+        return root, spanned
+    for v in views:
+        spanned = L.dims_spanned(v, m)
+        if spanned is not None:
+            return v, spanned
+    return m, tuple(range(m.ndim))
+
+
+def _context(contexts: dict, mesh, *, given: bool) -> MeshContext | None:
+    key = L.view_key(mesh)
+    ctx = contexts.get(key)
+    if ctx is None:
+        coord = mesh.get_coordinate()
         if coord is None:
-            continue
-        ctx = roots.get(id(root))
-        if ctx is None:
-            ctx = roots[id(root)] = MeshContext(
-                root, MeshSpec.from_device_mesh(root), tuple(int(c) for c in coord), root.mesh.tolist()
-            )
-        spanned = L.root_dims_spanned(m) if given else None
-        spanned = tuple(range(ctx.spec.ndim)) if spanned is None else spanned
-        ctx.scope_dims = tuple(sorted(set(ctx.scope_dims) | set(spanned)))
-    return sorted(
-        roots.values(),
-        key=lambda c: (
-            -c.spec.ndim, -len(L.flattened_meshes(c.device_mesh)), c.spec.sizes, c.spec.names or (),
-            repr(c.rank_map),
-        ),
+            return None
+        ctx = contexts[key] = MeshContext(
+            mesh, MeshSpec.from_device_mesh(mesh), tuple(int(c) for c in coord), mesh.mesh.tolist(), given=given
+        )
+    return ctx
+
+
+def _view_order(m) -> tuple:
+    sizes = m.mesh.shape
+    return (-len(sizes), -sum(s > 1 for s in sizes), tuple(sizes), m.mesh_dim_names or (), repr(m.mesh.tolist()))
+
+
+def _context_order(c: MeshContext) -> tuple:
+    return (
+        -c.spec.ndim, -sum(s > 1 for s in c.spec.sizes), -len(L.flattened_meshes(c.device_mesh)), c.spec.sizes,
+        c.spec.names or (), repr(c.rank_map),
     )
 
 

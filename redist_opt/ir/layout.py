@@ -198,7 +198,20 @@ def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
     """Sorted dims of the root mesh that ``device_mesh``'s dims span (all of them for
     a root; a submesh's own dims; a flattened mesh's dims), or None when one of its
     dims is no set of the root's dims."""
-    dim_layouts = device_mesh_dim_layouts(root_mesh(device_mesh))
+    return dims_spanned(root_mesh(device_mesh), device_mesh)
+
+
+def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
+    """Sorted dims of ``base`` that ``device_mesh``'s dims span, or None when one of
+    its dims is no set of ``base``'s dims (or the two have different roots).
+
+    ``base`` is a root or a view of it (``_unflatten``): its dims and
+    ``device_mesh``'s are layouts in the same root index space, so a slice, a
+    flattened group or a sibling view's dim is found by comparing collapsed layouts.
+    """
+    if root_mesh(base) is not root_mesh(device_mesh):
+        return None
+    dim_layouts = device_mesh_dim_layouts(base)
     spanned: set[int] = set()
     for lay in device_mesh_dim_layouts(device_mesh):
         dims = dims_of_layout(collapse([lay]), dim_layouts)
@@ -206,6 +219,26 @@ def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
             return None
         spanned.update(dims)
     return tuple(sorted(spanned))
+
+
+def is_full_view(device_mesh) -> bool:
+    """Whether ``device_mesh`` is a root mesh or a view of all of it, as
+    ``root._unflatten(...)`` builds them (torchtitan's ``ParallelDims.build_mesh``
+    makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
+    tile the root's whole index space. Such a view can stand for its root when
+    group names are read as mesh dims."""
+    root = root_mesh(device_mesh)
+    if device_mesh is root:
+        return True
+    if any(device_mesh is flat for flat in root._flatten_mapping.values()):
+        return False
+    return int(device_mesh._layout.numel()) == root_index_space(device_mesh)
+
+
+def view_key(device_mesh) -> tuple:
+    """Equal for two DeviceMesh objects with the same root and the same per-dim
+    layouts (the same mesh, whichever object or name)."""
+    return (id(root_mesh(device_mesh)), device_mesh_dim_layouts(device_mesh))
 
 
 # -- reading a live DeviceMesh (for redist_opt.api and MeshSpec.from_device_mesh) ------
