@@ -45,22 +45,41 @@ def _locals(dt):
 
 
 def _norm_input(lm, mesh, p, shape, placements, seed):
-    """A DTensor of per-rank partial norms: nonnegative, as vector_norm makes them."""
+    """A DTensor of per-rank partial norms: nonnegative, as vector_norm makes them,
+    sharded as ``placements`` say and different on every partial rank."""
     gen = torch.Generator().manual_seed(seed)
     with lm.disable():
-        per_rank = {r: torch.rand(shape, generator=gen) * 3 for r in lm.ranks}
-    lt = lm.rank_map(lambda r: per_rank[r].clone())
-    return DTensor.from_local(lt, mesh, placements, run_check=False, shape=torch.Size(shape))
+        g = torch.rand(shape, generator=gen) * 3
+        noise = {r: torch.rand(shape, generator=gen) for r in lm.ranks}
+    base = [Replicate() if q.is_partial() else q for q in placements]
+    local = distribute_tensor(lm.rank_map(lambda r: g.clone()), mesh, base, src_data_rank=None).to_local()
+    per_rank = local._local_tensors
+    lt = lm.rank_map(lambda r: per_rank[r] + noise[r][tuple(slice(0, n) for n in per_rank[r].shape)])
+    return DTensor.from_local(lt, mesh, placements, run_check=False, shape=torch.Size(shape), stride=g.stride())
+
+
+def _redistribute(dt, dst):
+    if any(q.is_partial() and not s.is_partial() for s, q in zip(dt.placements, dst)):
+        # R -> P is internal to DTensor (its public redistribute refuses it): call the
+        # local function, which enabled() routes, as DTensor's op dispatch does.
+        from torch.distributed.tensor import _redistribute as torch_redistribute
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+        spec = dt._spec
+        target = DTensorSpec(spec.mesh, tuple(dst), tensor_meta=spec.tensor_meta)
+        local = torch_redistribute.redistribute_local_tensor(dt._local_tensor, spec, target)
+        return DTensor.from_local(local, dt.device_mesh, dst, run_check=False, shape=dt.shape, stride=dt.stride())
+    return dt.redistribute(dt.device_mesh, dst)
 
 
 def _run(dt, dst, **opts):
     with CommDebugMode() as cdm:
         if opts.pop("torch", False):
             with disable_redistribute_transform_optimization():
-                out = dt.redistribute(dt.device_mesh, dst)
+                out = _redistribute(dt, dst)
         else:
             with redist_opt.enabled(**opts):
-                out = dt.redistribute(dt.device_mesh, dst)
+                out = _redistribute(dt, dst)
         lt = _locals(out)
     return out, lt, cdm.get_total_counts()
 
@@ -271,3 +290,24 @@ def test_mask_partial_embedding_equal_to_torch_without_hand_back():
         assert torch.equal(v1[r], weight[torch.tensor([[0, 3, 9], [5, 7, 2]])])
     for r in g0:
         assert torch.equal(g1[r], g0[r])
+
+
+# -- hand-backs: torch's merge pass stays on unless the input hits its uneven all_gather bug --
+
+
+@pytest.mark.parametrize(
+    "flatten, shape, hits", [(True, (5, 2), True), (True, (8, 2), False), (False, (5, 2), False)]
+)
+def test_uneven_all_gather_merge_detection(flatten, shape, hits):
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    from redist_opt.runtime import torch_dtensor as tdt
+
+    ensure_fake_pg()
+    with LocalTensorMode(4):
+        mesh = _mesh((2, 2), flatten)
+        meta = TensorMeta(torch.Size(shape), (shape[1], 1), torch.float32)
+        src = DTensorSpec(mesh, (Shard(0), Shard(0)), tensor_meta=meta)
+        dst = DTensorSpec(mesh, (Replicate(), Replicate()), tensor_meta=meta)
+        assert tdt.hits_uneven_all_gather_merge(src, dst) is hits
+        assert tdt.hits_uneven_all_gather_merge(dst, dst) is False
