@@ -250,7 +250,7 @@ def test_clip_grad_norm_equal_to_torch():
 # -- _MaskPartial: vocab-parallel embedding ----------------------------------------------
 
 
-def _embedding(enabled):
+def _embedding(enabled, output=None):
     from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
     ensure_fake_pg()
@@ -262,8 +262,8 @@ def _embedding(enabled):
         with lm.disable():
             weight = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
         emb.weight = torch.nn.Parameter(lm.rank_map(lambda r: weight.clone()))
-        parallelize_module(emb, mesh, RowwiseParallel(input_layouts=Replicate()))
-        idx = lm.rank_map(lambda r: torch.tensor([[0, 3, 9], [5, 7, 2]]))
+        parallelize_module(emb, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=output or Replicate()))
+        idx = lm.rank_map(lambda r: torch.tensor([[0, 3, 9, 4, 1], [5, 7, 2, 8, 6]]))
         with CommDebugMode() as cdm, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")
             if enabled:
@@ -281,13 +281,16 @@ def _embedding(enabled):
     return vals, grad, cdm.get_total_counts(), weight
 
 
-def test_mask_partial_embedding_equal_to_torch_without_hand_back():
-    v0, g0, c0, weight = _embedding(False)
-    v1, g1, c1, _ = _embedding(True)  # warnings are errors: no hand-back warning
+@pytest.mark.parametrize("output", [Replicate(), Shard(1)], ids=["R", "S(1)"])
+def test_mask_partial_embedding_equal_to_torch_without_hand_back(output):
+    v0, g0, c0, weight = _embedding(False, output)
+    v1, g1, c1, _ = _embedding(True, output)  # redist_opt warnings are errors: no hand-back
     assert c1 <= c0
+    full = weight[torch.tensor([[0, 3, 9, 4, 1], [5, 7, 2, 8, 6]])]
     for r in v0:
         assert torch.equal(v1[r], v0[r])
-        assert torch.equal(v1[r], weight[torch.tensor([[0, 3, 9], [5, 7, 2]])])
+        if output == Replicate():
+            assert torch.equal(v1[r], full)
     for r in g0:
         assert torch.equal(g1[r], g0[r])
 
@@ -311,3 +314,27 @@ def test_uneven_all_gather_merge_detection(flatten, shape, hits):
         dst = DTensorSpec(mesh, (Replicate(), Replicate()), tensor_meta=meta)
         assert tdt.hits_uneven_all_gather_merge(src, dst) is hits
         assert tdt.hits_uneven_all_gather_merge(dst, dst) is False
+
+
+def test_hand_back_warns_once_per_reason_naming_the_planner():
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from redist_opt.api import errors
+
+    ensure_fake_pg()
+    errors._warned.clear()
+    with LocalTensorMode(4), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mesh = _mesh((2, 2), True)
+        outs = []
+        for shape in ((8, 3), (12, 2)):
+            g = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+            dt = distribute_tensor(g, mesh, [_StridedShard(0, split_factor=2), Shard(0)])
+            with redist_opt.enabled():
+                outs.append((dt.full_tensor(), g))
+        for full, g in outs:
+            for t in full._local_tensors.values():
+                assert torch.equal(t, g)
+    ours = [str(w.message) for w in caught if "redist_opt" in str(w.message)]
+    assert len(ours) == 1, ours
+    assert "_StridedShard" in ours[0] and "graph-based" in ours[0], ours[0]
