@@ -46,13 +46,14 @@ the reduction (an all_reduce + all_gather would need a broadcast-shaped model).
 
 from __future__ import annotations
 
-from torch.distributed.tensor.placement_types import Partial, Replicate
+from torch.distributed.tensor.placement_types import Replicate
 
 from . import _merge
 from ._rewriter import StepRewriter
 from .context import GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
+from redist_opt.ir.placements import partial_of
 
 _KINDS = ("all_reduce", "reduce_scatter")
 
@@ -167,7 +168,7 @@ class MergeReductionsIntoAllReduce(RedistPass):
     def _rewritten(regions, group_dims) -> list[ir.StepInfo]:
         first = regions[0].step
         op = first.reduce_op
-        out = [ir.StepInfo(first.index, tuple(group_dims), Partial(op), Replicate(), first.logical_shape)]
+        out = [ir.StepInfo(first.index, tuple(group_dims), partial_of(op), Replicate(), first.logical_shape)]
         for r in regions:
             if r.step.kind == "reduce_scatter":  # the scatter becomes a local chunk, in shard order
                 s = r.step

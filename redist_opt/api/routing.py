@@ -94,10 +94,7 @@ def _torch_only_reason(current_spec, target_spec, use_graph_based_transform, tor
     if current_spec.mesh != target_spec.mesh:
         return "the source and target meshes differ"  # torch raises its own error for this
     if tdt.shape_is_symbolic(current_spec):
-        return (
-            f"the global shape {tuple(current_spec.shape)} is symbolic (dynamic shapes); "
-            "redist_opt plans concrete shapes only"
-        )
+        return "the global shape is symbolic (dynamic shapes); redist_opt plans concrete shapes only"
     return tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(current_spec, target_spec)
 
 
@@ -132,6 +129,9 @@ def routed_redistribute_local_tensor(
             observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
+        if tdt.hits_uneven_all_gather_merge(current_spec, target_spec):
+            with tdt.reference_semantics():  # torch's merge pass is wrong for this input
+                return torch_fn()
         return torch_fn()
     summary = f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
     with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):

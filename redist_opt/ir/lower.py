@@ -9,9 +9,13 @@ checks the step list against torch's own planner. Each step then expands into
 exactly the collectives and local pad/unpad ops ``redistribute_local_tensor``
 issues for it, so the unoptimized plan is bit-for-bit DTensor.
 
+A partial p-norm (``_NormPartial(p)``, reduce op ``"norm(p)"``) reduces as torch
+does: ``power(x, p)``, the sum collective, ``root(x, p)``; R -> P(norm p) divides
+by ``n ** (1/p)``. A merged norm step is one pre-step, one collective, one post-step.
+
 Cases torch plans with its graph-based planner (``_StridedShard``, non-default
-shard orders) or that use placement subclasses we do not model (``_MaskPartial``)
-are not lowered: the plan is marked ``fallback`` and runs through torch.
+shard orders) or that use placement subclasses we do not model are not lowered:
+the plan is marked ``fallback`` and runs through torch.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from torch.distributed.tensor.placement_types import (
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.mesh import MeshSpec
-from redist_opt.ir.placements import RedistributeError, placement_str
+from redist_opt.ir.placements import RedistributeError, norm_type_of, placement_str, reduce_op_of
 
 __all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition"]
 
@@ -37,8 +41,14 @@ __all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "c
 def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> str | None:
     """Why these placements must go through torch's own path, or None if we lower them."""
     for p in (*src, *dst):
-        if type(p) not in (Shard, Replicate, Partial):
-            return f"placement {p!r} ({type(p).__name__}) is planned by torch's graph-based planner"
+        kind = type(p).__name__
+        if kind == "_StridedShard":
+            return "_StridedShard placements are planned by torch's graph-based planner"
+        if type(p) not in (Shard, Replicate, Partial) and norm_type_of(p) is None:
+            return f"{kind} placements are not modelled by redist_opt"
+    ops = {reduce_op_of(p) for p in (*src, *dst) if p.is_partial()}
+    if len(ops) > 1 and any(op.startswith("norm(") for op in ops):
+        return f"partial placements mix the reductions {sorted(ops)}: torch defines their order"
     return None
 
 
@@ -58,7 +68,7 @@ def check_transition(src: Sequence[Placement], dst: Sequence[Placement], mesh: M
                 f"cannot redistribute {placement_str(s)} -> {placement_str(t)} on {where}: "
                 "DTensor does not support Shard -> Partial"
             )
-        if t.is_partial() and t.reduce_op not in ("sum", "avg", "max", "min"):
+        if t.is_partial() and reduce_op_of(t) not in ("sum", "avg", "max", "min") and norm_type_of(t) is None:
             raise RedistributeError(
                 f"cannot redistribute {placement_str(s)} -> {placement_str(t)} on {where}: "
                 f"Replicate -> Partial({t.reduce_op}) has no exact partition"
@@ -144,6 +154,9 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
     n = group.size
     cur, tgt = step.src, step.dst
     kind = step.kind
+    norm = norm_type_of(cur)
+    if kind in ("all_reduce", "reduce_scatter") and norm is not None and norm != 1:
+        b.emit("power", norm)  # x ** 1 is x: p = 1 needs neither step
     if kind == "all_reduce":
         b.emit("all_reduce", group, cur.reduce_op)
         if step.avg_scale > 1:
@@ -177,11 +190,15 @@ def lower_step(b: GraphBuilder, mesh: MeshSpec, step: StepInfo) -> None:
         for d, c in zip(dims, coords):
             b.emit("select_chunk", tgt.dim, mesh.sizes[d], c)
     elif kind == "partition" and not cur.is_partial():
-        if tgt.reduce_op == "sum":
+        if norm_type_of(tgt) is not None:  # _NormPartial._partition_value
+            b.emit("divide", math.pow(n, 1 / norm_type_of(tgt)))
+        elif tgt.reduce_op == "sum":
             b.emit("divide", n)
         # avg / max / min of n equal values is the value: nothing to do.
     else:
         raise _unsupported(step, mesh)
+    if kind in ("all_reduce", "reduce_scatter") and norm is not None and norm != 1:
+        b.emit("root", norm)
 
 
 def _lower_all_to_all(b, mesh, group, old_dim, new_dim, logical, counts, coords) -> None:

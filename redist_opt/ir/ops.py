@@ -13,7 +13,11 @@ Op set (every op takes the local tensor first)::
     unpad_nested(x, dim, length, counts)          inverse of pad_nested for a dim of `length`
     narrow(x, dim, start, length)                 keep [start, start+length) of dim
     select_chunk(x, dim, n, index)                chunk `index` of torch.chunk(x, n, dim), cloned
-    divide(x, divisor)                            x / divisor (R -> P(sum), P(avg) scaling)
+    divide(x, divisor)                            x / divisor (R -> P(sum), P(avg) scaling; a float
+                                                  n ** (1/p) for R -> P(norm p), as torch)
+    power(x, p)                                   x ** p: the pre-step of a partial p-norm reduction
+                                                  (torch's _NormPartial._pre_reduce_transform)
+    root(x, p)                                    x ** (1.0 / p): its post-step (_post_reduce_transform)
     unpack_blocks(x, dim, counts, blocks, *lengths)
                                                   reassemble an all_gather of padded blocks along dim:
                                                   slot k (row-major over counts) holds the block at
@@ -50,6 +54,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup
+from redist_opt.ir.placements import reduce_op_of
 
 __all__ = [
     "OPS",
@@ -144,6 +149,16 @@ def divide(shape, divisor: int):
     return shape
 
 
+@_ir_op("power", collective=False)
+def power(shape, p):
+    return shape
+
+
+@_ir_op("root", collective=False)
+def root(shape, p):
+    return shape
+
+
 @_ir_op("unpack_blocks", collective=False)
 def unpack_blocks(shape, dim: int, counts: tuple, blocks: tuple, *lengths):
     out = shape
@@ -165,6 +180,8 @@ OPS = {
         narrow,
         select_chunk,
         divide,
+        power,
+        root,
         unpack_blocks,
     )
 }
@@ -249,9 +266,10 @@ class StepInfo:
 
     @functools.cached_property
     def reduce_op(self) -> str | None:
+        """"sum", "avg", "max", "min", "product", or "norm(p)" for a partial p-norm."""
         for p in (self.src, self.dst):
             if p.is_partial():
-                return p.reduce_op
+                return reduce_op_of(p)
         return None
 
 

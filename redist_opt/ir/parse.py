@@ -112,6 +112,8 @@ class _Reader:
                 return tuple(self.arg(p) for p in parts)
         if re.fullmatch(r"-?\d+", text):
             return int(text)
+        if re.fullmatch(r"-?(?:\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+|inf)", text):
+            return float(text)  # a norm's p, a float divisor: exact (repr round-trips)
         return self.expr(text)
 
     def layout(self, text: str):

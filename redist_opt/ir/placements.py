@@ -2,6 +2,11 @@
 
 Users write placements as torch ``Placement`` objects or as the strings torch
 prints (``"R"``, ``"S(0)"``, ``"S(-1)"``, ``"P"``, ``"P(avg)"``, ``"P(max)"``).
+A partial p-norm (torch's ``_NormPartial(p)``, the placement of a sharded
+``vector_norm``) is written ``"P(norm2)"``, ``"P(norm0.5)"``; its reduce op is
+``"norm(p)"`` (:func:`reduce_op_of`). As torch's ``get_placement_from_reduction_op``
+does for the norms it makes, ``P(norm_inf)`` / ``P(norm-inf)`` / ``P(norm0)``
+normalise to ``Partial("max")`` / ``Partial("min")`` / ``Partial("sum")``.
 Every check here raises :class:`RedistributeError` naming the offending
 placement, its mesh dim and the mesh, before anything runs: bad input never
 produces a tensor.
@@ -12,6 +17,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import math
+
+from torch.distributed.tensor._ops._math_ops import _NormPartial
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -28,6 +36,10 @@ __all__ = [
     "placement_str",
     "placements_str",
     "REDUCE_OPS",
+    "reduce_op_of",
+    "partial_of",
+    "norm_type_of",
+    "normalize_norm_partial",
 ]
 
 # Reductions a Partial placement can carry that redist_opt lowers.
@@ -40,6 +52,60 @@ class RedistributeError(ValueError):
 
 _SHARD_RE = re.compile(r"^S(?:hard)?\((?:dim=)?\s*(-?\d+)\s*\)$")
 _PARTIAL_RE = re.compile(r"^P(?:artial)?(?:\(\s*['\"]?(\w+)['\"]?\s*\))?$")
+_NORM_RE = re.compile(
+    r"^(?:P\(\s*norm_?|_NormP(?:artial)?\(\s*)([-+]?(?:inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))\s*\)$"
+)
+_NORM_OP_RE = re.compile(r"^norm\((.+)\)$")
+
+
+def _norm_str(p) -> str:
+    p = float(p)
+    if math.isinf(p):
+        return "inf" if p > 0 else "-inf"
+    return str(int(p)) if p.is_integer() else repr(p)
+
+
+def normalize_norm_partial(p: Placement) -> Placement:
+    """torch's ``_NormPartial`` for inf / -inf / 0 as the plain partial torch itself
+    uses for those norms (``get_placement_from_reduction_op``: max, min, sum of
+    counts); every other placement unchanged."""
+    if isinstance(p, _NormPartial):
+        q = float(p.norm_type)
+        if q == math.inf:
+            return Partial("max")
+        if q == -math.inf:
+            return Partial("min")
+        if q == 0:
+            return Partial("sum")
+    return p
+
+
+def norm_type_of(p: Placement):
+    """p of a partial p-norm placement, else None."""
+    return p.norm_type if isinstance(p, _NormPartial) else None
+
+
+def reduce_op_of(p: Placement) -> str | None:
+    """The reduction a partial placement stands for: ``"sum"``, ..., ``"norm(2)"``."""
+    if isinstance(p, _NormPartial):
+        return f"norm({_norm_str(p.norm_type)})"
+    return p.reduce_op if isinstance(p, Partial) else None
+
+
+def partial_of(op: str) -> Partial:
+    """The partial placement of a reduce op (inverse of :func:`reduce_op_of`)."""
+    m = _NORM_OP_RE.match(op)
+    if m:
+        return _NormPartial(_parse_norm_type(m.group(1)))
+    return Partial(op)
+
+
+def _parse_norm_type(text: str):
+    text = text.strip().lstrip("_")
+    if text in ("inf", "+inf", "-inf"):
+        return float(text)
+    v = float(text)
+    return int(v) if re.fullmatch(r"[-+]?\d+", text) else v
 
 
 def parse_placement(p: Placement | str) -> Placement:
@@ -54,6 +120,9 @@ def parse_placement(p: Placement | str) -> Placement:
     m = _SHARD_RE.match(text)
     if m:
         return Shard(int(m.group(1)))
+    m = _NORM_RE.match(text)
+    if m:
+        return normalize_norm_partial(_NormPartial(_parse_norm_type(m.group(1))))
     m = _PARTIAL_RE.match(text)
     if m:
         op = m.group(1) or "sum"
@@ -63,7 +132,8 @@ def parse_placement(p: Placement | str) -> Placement:
             )
         return Partial(op)
     raise RedistributeError(
-        f"cannot parse placement {p!r}; expected R, S(<dim>), P, P(avg), P(max), P(min) or P(product)"
+        f"cannot parse placement {p!r}; expected R, S(<dim>), P, P(avg), P(max), P(min), "
+        "P(product) or P(norm<p>)"
     )
 
 
@@ -92,6 +162,8 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def placement_str(p: Placement) -> str:
+    if isinstance(p, _NormPartial):
+        return f"P(norm{_norm_str(p.norm_type)})"
     if isinstance(p, Partial):
         return "P" if p.reduce_op == "sum" else f"P({p.reduce_op})"
     return str(p)
@@ -134,6 +206,8 @@ def normalize_placements(
                     if isinstance(p, _StridedShard)
                     else Shard(dim + tensor_ndim)
                 )
+        elif isinstance(p, _NormPartial):
+            p = normalize_norm_partial(p)
         elif isinstance(p, Partial):
             if p.reduce_op not in REDUCE_OPS:
                 raise RedistributeError(
@@ -145,10 +219,11 @@ def normalize_placements(
                 f"{role} placement {p!r} on mesh dim {mesh_dim} is not a Replicate, Shard or Partial"
             )
         out.append(p)
-    ops = {p.reduce_op for p in out if isinstance(p, Partial)}
+    ops = {reduce_op_of(p) for p in out if isinstance(p, Partial)}
     # As torch's assert_no_mixed_partial_types: sum and avg commute (both linear),
     # so they may mix; any other mix has no defined order of reductions.
-    if len(ops) > 1 and ops != {"sum", "avg"}:
+    # A norm mixed with another reduction is left to torch (lower.unsupported_reason).
+    if len(ops) > 1 and ops != {"sum", "avg"} and not any(o.startswith("norm(") for o in ops):
         raise RedistributeError(
             f"{role} placements {placements_str(out)} mix partial reduce ops {sorted(ops)}: "
             "DTensor does not define the order of different reductions (only sum and avg may mix)"

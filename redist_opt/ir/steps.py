@@ -23,6 +23,7 @@ from redist_opt import ir
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.lower import lower_step
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.placements import partial_of
 
 __all__ = [
     "Region",
@@ -87,6 +88,8 @@ def merge_key(step: ir.StepInfo, dtype=None) -> tuple | None:
     """Steps with equal keys over disjoint mesh dims may become one collective.
 
     Same collective kind, same reduce op, same tensor dims (for nested shards).
+    Partial p-norms ("norm(p)") merge only with the same p, never with sum: the
+    merged step is one ``power``, one sum over the product group, one ``root``.
     sum and avg share a key (both linear: ``AR_avg(G1) . AR_sum(G2) =
     AR_sum(G1 x G2) / |G1|``, see :func:`merged_step`), except on integer
     ``dtype``s, where every avg reduction truncates and merges with nothing.
@@ -237,7 +240,7 @@ def merged_step(
     src = first.src
     scale = 1
     if isinstance(src, Partial):
-        src = Partial(src.reduce_op)
+        src = partial_of(first.reduce_op)
         ops = {s.reduce_op for s in steps}
         if ops <= _LINEAR and (len(ops) > 1 or any(s.avg_scale > 1 for s in steps)):
             src = Partial("sum")

@@ -106,6 +106,12 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
     if name == "divide":
         (divisor,) = params
         return t / divisor
+    if name == "power":  # torch's _NormPartial._pre_reduce_transform, the same call
+        (p,) = params
+        return t**p
+    if name == "root":  # its _post_reduce_transform
+        (p,) = params
+        return t ** (1.0 / p)
     if name == "unpack_blocks":
         dim, counts, blocks, *lengths = params
         return _unpack_blocks(t, dim, counts, blocks, lengths)

@@ -61,6 +61,7 @@ from torch.distributed.tensor import _collective_utils as _torch_collective_util
 from torch.distributed.tensor import _redistribute as _torch_redistribute
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+from torch.distributed.tensor.placement_types import _MaskPartial
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 from torch.utils._debug_mode import get_active_debug_mode
 
@@ -98,6 +99,11 @@ __all__ = [
     "map_per_rank",
     "per_rank_tensors",
     "int_on_rank",
+    "is_mask_partial",
+    "mask_partition",
+    "apply_and_release_mask",
+    "torch_redistribute_handback",
+    "hits_uneven_all_gather_merge",
 ]
 
 # torch's own function, captured before anyone patches it: our fallback and oracle.
@@ -326,12 +332,77 @@ def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None
     """Why torch would plan this with its graph-based planner (which we do not lower)."""
     for spec, role in ((current, "source"), (target, "target")):
         if spec.shard_order is None:
-            return f"{role} placements {spec.placements} use _StridedShard"
+            return f"{role} placements use _StridedShard (planned by torch's graph-based planner)"
         if not DTensorSpec.is_default_device_order(spec.shard_order):
-            return f"{role} has a non-default shard order {spec.shard_order}"
+            return f"{role} has a non-default shard order (planned by torch's graph-based planner)"
     if _torch_redistribute._FORCE_MIN_COST_REDISTRIBUTION_PLAN:
         return "torch's min-cost planner is forced (use_min_cost_redistribution_plan)"
     return None
+
+
+def is_mask_partial(p) -> bool:
+    """``_MaskPartial``: the vocab-parallel embedding's partial (a sum with a row mask)."""
+    return isinstance(p, _MaskPartial)
+
+
+def mask_partition(placement, local_tensor, mesh, mesh_dim: int):
+    """Replicate -> ``_MaskPartial`` on ``mesh_dim``: torch's own ``_partition_value``
+    (shifts the indices into the local shard, zeroes the others, and materialises
+    the mask in the placement's mask buffer for the later reduction)."""
+    return placement._partition_value(local_tensor, mesh, mesh_dim)
+
+
+def apply_and_release_mask(placement, local_tensor) -> None:
+    """What ``_MaskPartial._reduce_value`` / ``_reduce_shard_value`` do before their
+    sum: zero the masked rows of ``local_tensor`` in place, release the buffer."""
+    placement.mask_buffer.apply_mask(local_tensor)
+    placement.mask_buffer.release_mask()
+
+
+def hits_uneven_all_gather_merge(current: DTensorSpec, target: DTensorSpec) -> bool:
+    """Whether torch 2.13's merge pass (``_optimize_transform_infos``) would merge
+    all_gathers of an unevenly sharded tensor dim into one flattened all_gather,
+    which it does wrongly (it checks evenness for reduce_scatter only; fixed upstream
+    in pytorch PR 194457): consecutive ``Shard(d) -> Replicate`` steps in descending
+    mesh dim order, a flattened mesh over their dims, and the outermost logical size
+    of ``d`` not divisible by the product of their sizes."""
+    try:
+        with reference_semantics():
+            infos = _torch_redistribute._gen_transform_infos_non_cached(current, target)
+    except Exception:  # noqa: BLE001 - torch will raise its own error when it runs
+        return False
+    mesh = current.mesh
+    i = 0
+    while i < len(infos):
+        j = i + 1
+        if infos[i]._comm_type_key() == "all_gather":
+            while j < len(infos) and infos[j].src_dst_placements == infos[i].src_dst_placements:
+                j += 1
+        run = infos[i:j]
+        if len(run) > 1:
+            dims = tuple(r.mesh_dim for r in run)
+            tdim = run[0].src_dst_placements[0].dim
+            size = max(r.logical_shape[tdim] for r in run)
+            n = 1
+            for d in dims:
+                n *= mesh.size(d)
+            if (
+                dims == tuple(sorted(dims, reverse=True))
+                and _torch_redistribute._get_flattened_mesh_by_layout(mesh, tuple(sorted(dims))) is not None
+                and size % n != 0
+            ):
+                return True
+        i = j
+    return False
+
+
+def torch_redistribute_handback(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):
+    """torch's own redistribution for a call redist_opt hands back: torch's merge pass
+    as torch has it (so a hand-back is never worse than torch), except where that
+    exact input hits the uneven all_gather merge bug (then merge pass off)."""
+    if hits_uneven_all_gather_merge(current, target):
+        return torch_redistribute_local(local_tensor, current, target, async_op=async_op)
+    return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, async_op=async_op)
 
 
 def reference_semantics():
