@@ -3,13 +3,31 @@
 ``enabled()`` replaces torch's ``redistribute_local_tensor`` in the namespaces that
 call it (torch's own: ``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``; and any
 module that bound it by name, found by identity, before or while the block runs:
-see :mod:`redist_opt.runtime.torch_dtensor` for the rule) with
+the rule is below) with
 :func:`routed_redistribute_local_tensor`. The patch is process-wide (the name is a
 module global) and installed once, reference-counted; which options apply is
 per thread: the calling thread's innermost enabled() block, or, for a thread
 that entered none (autograd's device threads run backward on GPUs), the most
 recently entered block of any thread. Outside every block the patched name
 calls torch's function unchanged.
+
+Which bindings are routed. Bindings outside torch (autoparallel's ``ordered_sharding`` does ``from
+torch.distributed.tensor._redistribute import redistribute_local_tensor``) are
+found by identity, not by name: :func:`install_redistribute_local` replaces
+every module global in ``sys.modules`` that *is* torch's function, whatever the
+module or the name it is bound to (redist_opt's own modules excepted: they hold
+torch's function as the fallback). The rule for modules imported while the patch
+is in place: torch's own ``_redistribute.redistribute_local_tensor`` holds the
+replacement too, so a ``from ... import`` made then binds the replacement; on
+:func:`restore_redistribute_local` every binding that was replaced gets its value
+back, and every binding of the replacement in a module imported meanwhile gets
+torch's function (what it would have imported outside). Only module globals are
+reached (not class attributes, closures or containers); a reference to the
+replacement kept elsewhere after the restore still works: outside every
+``enabled()`` block it calls torch's function. A module seen with no binding is
+not scanned again while it is the same object in ``sys.modules`` with as many
+globals (an import adds one), so entering a block walks ``sys.modules`` rather
+than every module's globals.
 """
 
 from __future__ import annotations

@@ -25,23 +25,8 @@ Replacing the name in each namespace routes every one of those callers, eager
 and while AOTAutograd traces a compiled program, without touching
 ``DTensor.redistribute`` itself (Dynamo keeps seeing torch's own method).
 
-Bindings outside torch (autoparallel's ``ordered_sharding`` does ``from
-torch.distributed.tensor._redistribute import redistribute_local_tensor``) are
-found by identity, not by name: :func:`install_redistribute_local` replaces
-every module global in ``sys.modules`` that *is* torch's function, whatever the
-module or the name it is bound to (redist_opt's own modules excepted: they hold
-torch's function as the fallback). The rule for modules imported while the patch
-is in place: torch's own ``_redistribute.redistribute_local_tensor`` holds the
-replacement too, so a ``from ... import`` made then binds the replacement; on
-:func:`restore_redistribute_local` every binding that was replaced gets its value
-back, and every binding of the replacement in a module imported meanwhile gets
-torch's function (what it would have imported outside). Only module globals are
-reached (not class attributes, closures or containers); a reference to the
-replacement kept elsewhere after the restore still works: outside every
-``enabled()`` block it calls torch's function. A module seen with no binding is
-not scanned again while it is the same object in ``sys.modules`` with as many
-globals (an import adds one), so entering a block walks ``sys.modules`` rather
-than every module's globals.
+Bindings imported by name outside torch are found by identity: the rule is in
+:mod:`redist_opt.api.routing`.
 """
 
 from __future__ import annotations
