@@ -54,7 +54,7 @@ def worker(rank: int, port: int) -> None:
     os.environ["MASTER_PORT"] = str(port)
     import torch
     import torch.distributed as dist
-    from harness import collective_kind, parse_placement, pstr
+    from support.harness import collective_kind, parse_placement, pstr
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
     from torch.distributed.tensor._redistribute import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import check_case
+from support.harness import check_case
 from pass_util import mesh, notes_of, run_and_check, signature
 
 import redist_opt
