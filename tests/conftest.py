@@ -9,10 +9,10 @@
   inner loop. Tests of the modules owned here carry their ``slow`` marks in
   place; ``SLOW`` below marks the heavy tests of the other modules.
 * Runs on two xdist workers (``addopts`` in pyproject.toml) with the scheduler
-  below: the tests of the modules that start their own processes
-  (``UNITS``) form one unit of work, handed out first and run one at a time
-  on one worker, while the other worker works through the in-process tests,
-  which are handed out one by one so that neither waits at the end.
+  below: the longest tests first (``FIRST``, most of them start processes),
+  a module's tests on one worker where they share an expensive module fixture
+  (``UNITS``), and every other test handed out one by one, so that neither
+  worker waits for the other at the end.
 * Prints, at the end, the number of cases per file, the hypothesis example
   counts and the cases checked against the independent reference, gathered
   from every worker.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -47,13 +48,25 @@ def _install_problem() -> str | None:
     return None
 
 
-_problem = _install_problem()
-if _problem is not None:
-    pytest.exit(f"{_problem}.\nInstall the package and its test extras from {ROOT} first:\n    {INSTALL}",
-                returncode=pytest.ExitCode.USAGE_ERROR)
+def pytest_addoption(parser):
+    if importlib.util.find_spec("xdist") is None:
+        # Accept pyproject's `-n 2 --dist loadgroup` so that pytest_configure can
+        # name the install command instead of argparse rejecting them.
+        group = parser.getgroup("xdist missing")
+        group._addoption("-n", dest="numprocesses")  # pytest reserves short options for itself
+        group.addoption("--dist", dest="dist")
 
-from support import harness, run_report  # noqa: E402 - only once the install is known good
-from xdist.scheduler import LoadScopeScheduling  # noqa: E402
+
+def pytest_configure(config):
+    problem = _install_problem()
+    if problem is not None:
+        raise pytest.UsageError(
+            f"{problem}.\nInstall the package and its test extras from {ROOT} first:\n    {INSTALL}"
+        )
+
+
+# The test helpers import redist_opt and torch: they are imported in the hooks
+# below, which run only once pytest_configure found the install good.
 
 # ----------------------------------------------------------------------------
 # Slow tests of other modules, and tests that start processes
@@ -72,23 +85,33 @@ SLOW = {
     "tests/test_bench.py::test_run_ranks_times_out": "waits for a 10 s timeout",
 }
 
-# Units of work for the xdist scheduler (module or test node ids). "spawning":
-# the tests that start processes (gloo ranks, a fresh interpreter) and the
-# modules whose module-scoped fixtures do: no two of them run at once and a
-# module fixture runs once. The other units keep a module fixture (or a module's
-# long property tests) on one worker. Every other test is a unit of its own.
-UNITS = {
-    "tests/test_gloo.py": "spawning",
-    "tests/test_graph_pass_gloo.py": "spawning",
-    "tests/test_graph_pass.py": "spawning",
-    "tests/test_bench.py": "spawning",
-    "tests/test_cost_profile.py::test_gloo_mesh_gets_gloo_profile": "spawning",
-    "tests/test_explain.py::test_cli_error_in_a_real_process": "spawning",
-    "tests/test_rank_free.py::test_plan_without_process_group": "spawning",
-    "tests/test_public_cases.py::test_item5_world_group_2x2x2": "spawning",
-    "tests/test_quality.py": "quality",
-    "tests/test_properties.py": "properties",
-}
+# For the xdist scheduler. UNITS: modules whose tests share a module-scoped
+# fixture that is worth running once (it starts processes or runs many cases):
+# each is one unit of work, run on one worker. Every other test is a unit of its
+# own. FIRST: the longest units and tests, handed out before everything else,
+# longest first (seconds on 2 cores, from --durations), so that the two
+# workers finish together.
+UNITS = (
+    "tests/test_graph_pass_gloo.py",
+    "tests/test_graph_pass.py",
+    "tests/test_bench.py",
+    "tests/test_quality.py",
+)
+FIRST = (
+    "tests/test_graph_pass_gloo.py",  # 170 s: 8 and 4 gloo ranks compiling
+    "tests/test_graph_pass.py",  # 140 s: a compiling subprocess, Inductor
+    "tests/test_gloo.py::test_gloo_compiled_tp_mlp_matches_eager",  # 110 s
+    "tests/test_properties.py::test_outputs_equal_oracle",  # 65 s
+    "tests/test_bench.py",  # 65 s: gloo ranks
+    "tests/test_properties.py::test_plan_never_worse_than_torch",  # 40 s
+    "tests/test_compile.py::test_inductor_inner_and_default_backend_inside_enabled",  # 20 s
+    "tests/test_gloo.py::test_gloo_2x2_matches_torch",  # 20 s: 4 gloo ranks
+    "tests/test_quality.py",  # 15 s
+    "tests/test_explain.py::test_cli_error_in_a_real_process",  # 10 s: a fresh interpreter
+    "tests/test_rank_free.py::test_plan_without_process_group",  # 10 s: a fresh interpreter
+    "tests/test_public_cases.py::test_item5_world_group_2x2x2",  # 7 s: a fresh interpreter
+    "tests/test_cost_profile.py::test_gloo_mesh_gets_gloo_profile",  # 5 s: gloo ranks
+)
 
 
 def _file_of(nodeid: str) -> str:
@@ -114,34 +137,41 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "tests/conftest.py SLOW names tests that no longer exist: " + ", ".join(unused)
         )
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the scheduler's queue
+        items.sort(key=_first_rank)
+
+
+def _first_rank(item) -> int:
+    return next((i for i, key in enumerate(FIRST) if _matches(item.nodeid, key)), len(FIRST))
 
 
 def unit_of(nodeid: str) -> str:
-    for key, unit in UNITS.items():
-        if _matches(nodeid, key):
-            return unit
-    return nodeid
-
-
-class UnitScheduling(LoadScopeScheduling):
-    """xdist's load-scope scheduling with the units of ``UNITS`` (handed out
-    largest first, then in collection order; a worker asks for more when it has
-    two tests left). xdist's own ``xdist_group`` marks do not reach its
-    scheduler under pytest 9, hence this."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return unit_of(nodeid)
+    f = _file_of(nodeid)
+    return f if f in UNITS else nodeid
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") == "loadgroup":
-        return UnitScheduling(config, log)
-    return None
+    """xdist's load-scope scheduling with the units of ``UNITS``, handed out in
+    the workers' collection order (``FIRST`` first); a worker asks for more when
+    it has two tests left. (xdist's own ``xdist_group`` marks do not reach its
+    scheduler under pytest 9, hence this.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    config.option.loadscopereorder = False  # keep the FIRST order, not units by size
+    return UnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def fake_process_group():
+    from support import harness
+
     harness.ensure_fake_pg()
     yield
 
@@ -152,7 +182,7 @@ def fake_process_group():
 
 _collected: Counter = Counter()
 _outcomes: dict[str, Counter] = {}
-_gathered = run_report.Report()
+_gathered: dict = {}  # run_report.Report.to_dict() of every process, merged
 
 
 def pytest_collection_finish(session):
@@ -173,17 +203,28 @@ def pytest_runtest_logreport(report):
         _outcomes.setdefault(_file_of(report.nodeid), Counter())[report.outcome] += 1
 
 
+def _gather(report: dict) -> None:
+    for k, v in report.items():
+        if isinstance(v, dict):
+            mine = _gathered.setdefault(k, Counter())
+            mine.update(v)
+        else:
+            _gathered.setdefault(k, []).extend(v)
+
+
 def pytest_sessionfinish(session):
+    from support import run_report
+
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["redist_opt_report"] = run_report.REPORT.to_dict()
     else:
-        _gathered.merge(run_report.REPORT.to_dict())
+        _gather(run_report.REPORT.to_dict())
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    _gathered.merge(getattr(node, "workeroutput", {}).get("redist_opt_report", {}))
+    _gather(getattr(node, "workeroutput", {}).get("redist_opt_report", {}))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -195,5 +236,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             detail = ", ".join(f"{v} {k}" for k, v in sorted(oc.items()))
             tr.write_line(f"{f}: {_collected[f]} cases collected" + (f" ({detail})" if detail else ""))
         tr.write_line(f"total: {sum(_collected.values())} cases")
-    for line in _gathered.summary_lines():
+    from support import run_report
+
+    report = run_report.Report()
+    report.merge(_gathered)
+    for line in report.summary_lines():
         tr.write_line(line)
