@@ -149,6 +149,7 @@ class MeshFactory:
 
 _MESH_CACHE: dict[str, DeviceMesh] = {}
 _COORDS_CACHE: dict[str, dict[int, tuple[int, ...]]] = {}
+_COORD_SYMINTS: dict[str, list] = {}  # get_coordinate() under LocalTensorMode, per mesh
 
 
 def get_mesh(factory: MeshFactory, lm: LocalTensorMode) -> DeviceMesh:
@@ -166,12 +167,23 @@ def get_mesh(factory: MeshFactory, lm: LocalTensorMode) -> DeviceMesh:
 
 
 def mesh_coordinates(factory: MeshFactory, lm: LocalTensorMode) -> dict[int, tuple[int, ...]]:
-    """Every simulated rank's coordinate in the factory's mesh, computed once per
-    process (``get_coordinate`` under LocalTensorMode walks the mesh layout for
-    every rank: about a tenth of a differential case's time when done per case)."""
+    """Every simulated rank's coordinate in the factory's mesh (must run inside ``lm``).
+
+    Computed once per process. Under LocalTensorMode, ``DeviceMesh.get_coordinate``
+    walks the mesh layout once per simulated rank and caches the result in the
+    mode, so every case's new LocalTensorMode paid for it again (about a tenth
+    of a differential case); the cached meshes live as long as the process, so
+    their coordinates are handed to each new mode instead."""
+    mesh = get_mesh(factory, lm)
+    symbolic = _COORD_SYMINTS.get(factory.name)
+    cache = getattr(lm, "_coordinate_cache", None)
+    if symbolic is None:
+        _COORD_SYMINTS[factory.name] = mesh.get_coordinate()
+    elif cache is not None:
+        cache.setdefault(id(mesh), symbolic)
     coords = _COORDS_CACHE.get(factory.name)
     if coords is None:
-        coords = _COORDS_CACHE[factory.name] = rank_coordinates(get_mesh(factory, lm), lm)
+        coords = _COORDS_CACHE[factory.name] = rank_coordinates(mesh, lm)
     return coords
 
 
