@@ -11,35 +11,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-import harness
 import redist_opt
 from redist_opt.api import planning, specs
 from redist_opt.ir import cost
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-
-
-def _locals(dt):
-    return {r: t for r, t in dt._local_tensor._local_tensors.items()}
-
-
-def _partial_input(lm, mesh, placements, shape, dtype=torch.float64):
-    # Small integers: sums are exact in any order, so optimized plans compare bitwise.
-    g = torch.arange(torch.Size(shape).numel(), dtype=dtype).reshape(shape) % 7
-    base = [Replicate() if p.is_partial() else p for p in placements]
-    dt = distribute_tensor(g, mesh, base, src_data_rank=None)
-    if any(p.is_partial() for p in placements):
-        lt = dt._local_tensor + lm.rank_map(lambda r: torch.full((), float(r % 3), dtype=dtype))
-        dt = DTensor.from_local(lt, mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
-    return dt
-
-
-def _assert_same(a, b):
-    la, lb = _locals(a), _locals(b)
-    assert la.keys() == lb.keys()
-    for r in la:
-        assert la[r].shape == lb[r].shape and la[r].dtype == lb[r].dtype, r
-        assert torch.equal(la[r], lb[r]), r
+from support.dtensor_values import assert_same_locals as _assert_same
+from support.dtensor_values import locals_of as _locals
+from support.dtensor_values import partial_input as _partial_input
 
 
 def test_backward_matches_torch():

@@ -3,7 +3,7 @@ shipped redistribute (merge pass on) given the same existing groups, under every
 cost profile; ``max_collectives="any"`` lets the cost model trade launches for bytes.
 
 * the library's rank-free model of torch's count (``redist_opt.ir.torch_merge``)
-  against the tests' oracle (``oracle_torch_merge``) on random cases, and against
+  against the tests' model (``support.torch_merge_model``) on random cases, and against
   torch's own ``CommDebugMode`` counts;
 * the case of the loss reduction that motivated the cap (``P,P,R -> R,R,R`` on
   2x2x2 with a flattened 4-rank group, gloo profile);
@@ -19,10 +19,11 @@ import math
 
 import pytest
 import torch
-from harness import parse_placement
+from support.harness import parse_placement
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle_torch_merge import int_input, run_torch_merged, torch_model
+from support.exact_runs import int_input, run_torch_merged
+from support.torch_merge_model import torch_model
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard

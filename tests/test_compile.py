@@ -16,7 +16,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-import compile_models
+from support import compile_models
 import redist_opt
 from redist_opt.graph.backend import collectives
 

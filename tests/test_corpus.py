@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 
-import harness
+from support import harness
 import pytest
 from torch.distributed.device_mesh import init_device_mesh
 

@@ -1,19 +1,26 @@
 """Differential tests: redist_opt.redistribute(..., groups="existing") against
 torch's DTensor.redistribute with the merge pass disabled, on every simulated
-rank (LocalTensorMode over the fake backend). See harness.check_case for what
-is compared and cases.py for how the cases are generated."""
+rank (LocalTensorMode over the fake backend). See support/harness.py
+(check_case) for what is compared and support/cases.py for how the cases are
+generated.
+
+Every case is ``slow`` except a fixed sample of about one in ``SAMPLE_EVERY``
+(support/sampling.py), which the quick tier (``-m "not slow"``) runs.
+"""
 
 from __future__ import annotations
 
 import pytest
-from cases import all_cases
-from harness import run_case
+from support.cases import all_cases
+from support.harness import run_case
+from support.sampling import sampled
 
 CASES = all_cases()
+SAMPLE_EVERY = 20
 
 
 def _params(group):
-    return [pytest.param(c, id=c.id) for c in CASES[group]]
+    return [sampled(c, c.id, SAMPLE_EVERY) for c in CASES[group]]
 
 
 @pytest.mark.parametrize("case", _params("1d"))

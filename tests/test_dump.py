@@ -21,7 +21,7 @@ import redist_opt
 from redist_opt.debug import dump, explain
 from redist_opt.debug.units import format_bytes, format_time
 
-from explain_cases import case_plans, load_cases
+from support.explain_cases import case_plans, load_cases
 
 
 def render(case_id: str) -> str:

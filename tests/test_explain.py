@@ -22,7 +22,7 @@ from redist_opt.debug import dump, explain
 from redist_opt.debug.units import format_bytes, format_time
 from redist_opt.ir.cost import CostModel
 
-from explain_cases import case_argv, case_plans, load_cases
+from support.explain_cases import case_argv, case_plans, load_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCEPTANCE = ["explain", "--mesh", "a=2,b=2,c=2", "--flatten", "a+c", "--src", "P,P,P", "--dst", "R,S(0),R",

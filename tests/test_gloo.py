@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import time
 
-import gloo_worker
+from support import gloo_worker
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -61,6 +61,6 @@ def test_gloo_2x2_matches_torch():
 
 @pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
 def test_gloo_compiled_tp_mlp_matches_eager():
-    import gloo_compile_worker
+    from support import gloo_compile_worker
 
     spawn_and_join(gloo_compile_worker.worker, gloo_compile_worker.WORLD, timeout_s=900)

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _run_script(mode: str, rank: int) -> dict:
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "graph_pass_programs.py"), mode, str(rank)],
+        [sys.executable, os.path.join(HERE, "support", "graph_pass_programs.py"), mode, str(rank)],
         capture_output=True, text=True, timeout=900,
     )
     out = proc.stdout

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import agreement_programs as A
+from support import agreement_programs as A
 from redist_opt.graph.agreement import AGREEMENT_TIMEOUT_S
 from redist_opt.tools.spawn import run_ranks
 

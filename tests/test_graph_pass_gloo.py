@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-import graph_pass_programs as P
+from support import graph_pass_programs as P
 from redist_opt.tools.spawn import run_ranks
 
 

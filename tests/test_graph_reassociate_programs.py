@@ -14,7 +14,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "graph_reassociate_programs.py")
+SCRIPT = os.path.join(HERE, "support", "graph_reassociate_programs.py")
 
 
 def _report(proc) -> dict:

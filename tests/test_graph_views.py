@@ -17,7 +17,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-SCRIPT = os.path.join(HERE, "graph_views_programs.py")
+SCRIPT = os.path.join(HERE, "support", "graph_views_programs.py")
 
 
 def _parse(returncode, out, err) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import (
+from support.harness import (
     MESHES,
     Case,
     _rand,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import expecttest
 import pytest
 import torch
-from harness import check_case
+from support.harness import check_case
 from support.ir_text import assert_not_transformed, notes_of, run_pass, run_pass_notes, signature
 
 import redist_opt

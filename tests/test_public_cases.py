@@ -13,7 +13,7 @@ flattened meshes the case names (``mesh[("a", "c")]._flatten()``), and checks:
   ``disable_redistribute_transform_optimization()``): inputs are small integers
   in float64, so sums are exact and the comparison is ``torch.equal``;
 * replicated outputs are bitwise equal across every replica group;
-* the torch-2.13 model of ``oracle_torch_merge.py`` predicts torch's count.
+* the torch-2.13 model of ``support/torch_merge_model.py`` predicts torch's count.
 
 ``test_torch_merge_model_matches_torch`` validates that model on more cases.
 """
@@ -31,21 +31,22 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from harness import local_tensors, parse_placement, rank_coordinates
-from oracle_torch_merge import (
+from support.exact_runs import (
+    assert_fewer,
     assert_replicas_equal,
     assert_same_locals,
+    fresh_mesh,
     int_input,
+    placements,
     run_oracle,
     run_ours,
+    run_three,
     run_torch_merged,
-    signature,
-    torch_flattened_layouts,
-    torch_model,
 )
+from support.harness import local_tensors
+from support.torch_merge_model import signature, torch_flattened_layouts, torch_model
 from torch.distributed._local_tensor import LocalTensorMode
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -54,63 +55,6 @@ import redist_opt.api.errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F64 = torch.float64
-
-
-def fresh_mesh(sizes, names, flatten=()):
-    """A new root mesh (never the harness's cached ones: flattening mutates the
-    root) with exactly the flattened meshes ``flatten`` names. Inside LocalTensorMode."""
-    mesh = init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(names))
-    for group in flatten:
-        mesh[tuple(group)]._flatten()
-    return mesh
-
-
-def P(xs: str):
-    return [parse_placement(x) for x in xs.split(",")] if isinstance(xs, str) else list(xs)
-
-
-class Outcome:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def run_three(sizes, names, flatten, src, dst, shape, *, groups="existing", seed=0, data=None):
-    """torch (merge ON), redist_opt and the oracle on one integer-valued input."""
-    src, dst = P(src), P(dst)
-    n = math.prod(sizes)
-    with LocalTensorMode(n) as lm:
-        mesh = fresh_mesh(sizes, names, flatten)
-        if data is None:
-            dt, coords = int_input(mesh, lm, src, shape, F64, seed)
-        else:
-            dt = distribute_tensor(lm.rank_map(lambda r: data.clone()), mesh, src, src_data_rank=None)
-            coords = rank_coordinates(mesh, lm)
-        torch_run = run_torch_merged(dt, dst)
-        ours = run_ours(dt, dst, groups=groups)
-        oracle = run_oracle(dt, dst)
-        flat_layouts = torch_flattened_layouts(mesh)
-        spec = redist_opt.MeshSpec.from_device_mesh(mesh)
-    for who, r in (("torch", torch_run), ("redist_opt", ours), ("oracle", oracle)):
-        assert r.error is None, f"{who} raised {r.describe_error()}"
-    assert_same_locals(ours.out, oracle.out, exact=True)
-    assert_replicas_equal(ours.out, coords, sizes)
-    # the torch-2.13 model predicts torch's count for these flattened meshes
-    p = redist_opt.plan(spec, src, dst, shape=shape, dtype=F64)
-    model = torch_model(p, flat_layouts)
-    assert model.uniform and model.plan.num_collectives == torch_run.total, (
-        f"torch-2.13 model {model.describe()} != torch's {torch_run.total} {torch_run.kinds}"
-    )
-    opt = redist_opt.optimize(p, groups=groups)
-    return Outcome(torch=torch_run, ours=ours, oracle=oracle, mesh=mesh, coords=coords,
-                   plan=opt, model=model.plan, spec=spec)
-
-
-def _fewer(o: Outcome) -> None:
-    assert o.ours.total < o.torch.total, (
-        f"redist_opt {o.ours.total} {o.ours.kinds} is not fewer than torch 2.13 "
-        f"{o.torch.total} {o.torch.kinds}; plan: {signature(o.plan)}"
-    )
-    assert o.ours.total == o.plan.num_collectives, "the runtime issued a different count than the plan"
 
 
 # ----------------------------------------------------------------------------
@@ -126,7 +70,7 @@ def test_item1_reorder_then_merge(shape):
     assert o.torch.total == 3
     assert o.ours.total == 2 and o.ours.kinds == {"reduce_scatter": 1, "all_reduce": 1}
     assert signature(o.plan) == ["reduce_scatter[sum](b)", "all_reduce[sum](a+c)"]
-    _fewer(o)
+    assert_fewer(o)
 
 
 # ----------------------------------------------------------------------------
@@ -142,7 +86,7 @@ def test_item2_partial_merge(op):
     assert o.torch.total == 3
     assert o.ours.total == 2 and o.ours.kinds == {"all_reduce": 2}
     assert sorted(signature(o.plan)) == sorted([f"all_reduce[{op}](a+b)", f"all_reduce[{op}](c)"])
-    _fewer(o)
+    assert_fewer(o)
 
 
 # ----------------------------------------------------------------------------
@@ -186,7 +130,7 @@ def test_item4_uneven_reduce_scatter_merged(sizes, names, shape):
     o = run_three(sizes, names, [("a", "b")], "P,P", "S(0),S(0)", shape)
     assert o.torch.total == 2 and o.torch.kinds == {"reduce_scatter": 2}
     assert o.ours.total == 1 and o.ours.kinds == {"reduce_scatter": 1}
-    _fewer(o)
+    assert_fewer(o)
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (5, 7), (4, 3)], ids=lambda s: "x".join(map(str, s)))
@@ -197,7 +141,7 @@ def test_item4_all_to_all_merged(shape):
     assert o.torch.total == 2 and o.torch.kinds == {"all_gather": 1, "all_to_all": 1}
     assert o.ours.total == 1 and o.ours.kinds == {"all_to_all": 1}
     assert signature(o.plan) == ["all_to_all(a+b)"]
-    _fewer(o)
+    assert_fewer(o)
 
 
 NON_ASCENDING = [
@@ -235,7 +179,7 @@ def test_item4_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape
 def test_item5_groups_create_creates_once_and_caches():
     """P,P,P -> R,R,R on 2x2x2 with nothing flattened: torch 3 all_reduces; with
     groups="create" we flatten a+b+c on first use (one all_reduce) and reuse it."""
-    src, dst, shape = P("P,P,P"), P("R,R,R"), (6, 5)
+    src, dst, shape = placements("P,P,P"), placements("R,R,R"), (6, 5)
     with LocalTensorMode(8) as lm:
         mesh = fresh_mesh((2, 2, 2), "abc")
         assert mesh._flatten_mapping == {}
@@ -310,7 +254,6 @@ _WORLD_SCRIPT = textwrap.dedent(
 def _world_case(sizes) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", _WORLD_SCRIPT, json.dumps(list(sizes))],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
@@ -350,7 +293,7 @@ def test_item5_world_group_in_process():
     assert o.torch.total == len(sizes)
     assert o.ours.total == 1 and o.ours.kinds == {"all_reduce": 1}
     assert o.mesh._flatten_mapping == {}
-    _fewer(o)
+    assert_fewer(o)
 
 
 # ----------------------------------------------------------------------------
@@ -379,7 +322,7 @@ class CollectiveLog(TorchDispatchMode):
 @pytest.mark.parametrize("shape", [(8, 6), (7, 3)], ids=["even", "uneven"])
 def test_hsdp_reduce_scatter_before_all_reduce(shape):
     sizes, names = (2, 4), ("dp_replicate", "dp_shard")
-    src, dst = P("P,P"), P("R,S(0)")
+    src, dst = placements("P,P"), placements("R,S(0)")
     with LocalTensorMode(8) as lm:
         mesh = fresh_mesh(sizes, names)
         dt, coords = int_input(mesh, lm, src, shape, F64, seed=11)
@@ -421,7 +364,7 @@ def test_equal_meshes_with_different_flattened_groups():
     ranks) but have different flattened groups each get plans for their own
     groups: P,P,P -> R,R,R is AR(a+c) + AR(b) on the first and AR(a+b) + AR(c)
     on the second, 2 collectives each, without falling back."""
-    src, dst = P("P,P,P"), P("R,R,R")
+    src, dst = placements("P,P,P"), placements("R,R,R")
     with LocalTensorMode(8) as lm:
         m1 = fresh_mesh((2, 2, 2), "abc", [("a", "c")])
         m2 = fresh_mesh((2, 2, 2), "abc", [("a", "b")])
@@ -440,7 +383,7 @@ def test_equal_meshes_with_different_flattened_groups():
 
 
 # ----------------------------------------------------------------------------
-# The torch-2.13 model (oracle_torch_merge.torch_model) against torch itself
+# The torch-2.13 model (support.torch_merge_model.torch_model) against torch itself
 # ----------------------------------------------------------------------------
 
 MODEL_CASES = [
@@ -483,8 +426,8 @@ def test_torch_merge_model_matches_torch(sizes, names, flattened, src, dst, shap
     n = math.prod(sizes)
     with LocalTensorMode(n) as lm:
         mesh = fresh_mesh(sizes, names, flattened)
-        dt, _ = int_input(mesh, lm, P(src), shape, F64, seed=1)
-        torch_run = run_torch_merged(dt, P(dst))
+        dt, _ = int_input(mesh, lm, placements(src), shape, F64, seed=1)
+        torch_run = run_torch_merged(dt, placements(dst))
         layouts = torch_flattened_layouts(mesh)
     assert torch_run.error is None, torch_run.describe_error()
     # the model on a rank-free MeshSpec with the same flattened dim groups ...

@@ -15,7 +15,7 @@ import dataclasses
 import math
 from collections import Counter
 
-import harness
+from support import harness
 import pytest
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh

@@ -21,7 +21,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
 from redist_opt.runtime import torch_dtensor as tdt
-from test_api import _assert_same, _locals, _partial_input
+from support.dtensor_values import assert_same_locals as _assert_same
+from support.dtensor_values import partial_input as _partial_input
 
 
 def _patched_names():

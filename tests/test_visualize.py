@@ -14,7 +14,7 @@ from redist_opt import ir
 from redist_opt.ir import layout as L
 from redist_opt.debug import visualize
 
-from explain_cases import case_plans, load_cases
+from support.explain_cases import case_plans, load_cases
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -402,12 +402,14 @@ def torch_redistribute_local(local_tensor, current: DTensorSpec, target: DTensor
 
 
 def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
-    """(mesh_dim, src, dst) of every step torch's planner emits, for cross-checking ours."""
+    """(mesh_dim, src, dst, logical_shape) of every step torch's planner emits, for
+    cross-checking ours (tests/test_lower.py). The logical shape is the calling
+    rank's (under LocalTensorMode: SymInts holding every simulated rank's value)."""
     meta = tensor_meta(shape, _contiguous_stride(shape), dtype)
     infos = _torch_redistribute._gen_transform_infos_non_cached(
         make_spec(mesh, src, meta), make_spec(mesh, dst, meta)
     )
-    return [(i.mesh_dim, *i.src_dst_placements) for i in infos]
+    return [(i.mesh_dim, *i.src_dst_placements, tuple(i.logical_shape)) for i in infos]
 
 
 def _contiguous_stride(shape):

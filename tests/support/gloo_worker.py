@@ -16,7 +16,7 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from harness import collective_kind, parse_placement, pstr
+from support.harness import collective_kind, parse_placement, pstr
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization

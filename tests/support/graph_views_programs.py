@@ -24,11 +24,13 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+# Run as a script, this file's folder is on sys.path; the tests folder (for
+# ``support``) must be too.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
-from graph_pass_programs import Recorder, compile_program, local_input  # noqa: E402
+from support.graph_pass_programs import Recorder, compile_program, local_input  # noqa: E402
 
 DEGREES = {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2}
 

@@ -1,10 +1,11 @@
-"""Issue 10, items 1-3: the issue's examples against torch 2.13 itself.
+"""Mixed sum/avg partials, all_reduce + chunk chains and deep all_to_all chains,
+against torch 2.13 itself.
 
 Each example runs torch (merge pass ON), redist_opt and the oracle (torch, merge
 pass OFF) on one integer-valued float64 input under LocalTensorMode
-(``test_public_cases.run_three``: outputs equal the oracle bitwise, replicas are
+(``support.exact_runs.run_three``: outputs equal the oracle bitwise, replicas are
 bitwise equal, the torch-2.13 model predicts torch's count) and asserts the
-collective counts the issue asks for.
+collective counts of the merged plan.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 
 import pytest
 import torch
-from oracle_torch_merge import assert_replicas_equal, int_input, run_oracle, run_ours, signature
-from test_public_cases import fresh_mesh, run_three
+from support.exact_runs import assert_replicas_equal, fresh_mesh, int_input, run_oracle, run_ours, run_three
+from support.torch_merge_model import signature
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -22,7 +23,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 import redist_opt
 
 # ----------------------------------------------------------------------------
-# Item 1: mixed sum/avg partials
+# Mixed sum/avg partials
 # ----------------------------------------------------------------------------
 
 
@@ -107,12 +108,12 @@ def test_integer_avg_matches_torch_exactly(dtype, src):
 
 
 # ----------------------------------------------------------------------------
-# Item 2: all_reduce + chunk is a reduce_scatter
+# all_reduce + chunk is a reduce_scatter
 # ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shape", [(8, 6, 4), (8, 8, 4), (5, 3, 2)], ids=["example", "even", "uneven"])
-def test_example2_one_reduce_scatter(shape):
+def test_all_reduce_and_chunk_become_one_reduce_scatter(shape):
     """(r, m, i, t) with i+t flattened, [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)],
     groups="create": DTensor issues all_reduce(m) + reduce_scatter(r) + chunk; we
     issue one reduce_scatter over r+m with nested uneven padding."""
@@ -121,7 +122,7 @@ def test_example2_one_reduce_scatter(shape):
     assert o.torch.total == 2 and o.oracle.total == 2
     assert o.ours.total == 1 and o.ours.kinds == {"reduce_scatter": 1}
     assert signature(o.plan) == ["reduce_scatter[sum](r+m)"]
-    if shape == (8, 6, 4):  # float64 here: the issue's float32 numbers times 2
+    if shape == (8, 6, 4):  # float64 here: the float32 numbers below times 2
         assert o.model.bytes_per_rank == 2 * 384  # torch: all_reduce(m) first, then reduce_scatter(r)
         assert o.plan.bytes_per_rank == 2 * 256
         spec = redist_opt.MeshSpec(sizes=(2, 2, 2, 2), names=tuple("rmit"), flattened=["i+t"])
@@ -132,7 +133,7 @@ def test_example2_one_reduce_scatter(shape):
         assert redist_opt.optimize(f32, groups="create").bytes_per_rank == 256
 
 
-def test_example2_existing_groups_without_r_m():
+def test_reduce_scatter_moves_first_without_the_r_m_group():
     """No r+m group, groups="existing": the reduce_scatter moves first (288 B per
     rank) and the uneven all_reduce + chunk stays (a reduce_scatter of 3 rows over
     2 ranks would be fed 4)."""
@@ -141,13 +142,13 @@ def test_example2_existing_groups_without_r_m():
 
 
 # ----------------------------------------------------------------------------
-# Item 3: deep all_to_all merges
+# Deep all_to_all merges
 # ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flatten", [[("b", "c", "d")], [("b", "c", "d"), ("c", "d")]], ids=["bcd", "bcd+cd"])
 @pytest.mark.parametrize("shape", [(8, 16, 2), (5, 24, 3), (8, 0, 2)], ids=["example", "uneven", "empty"])
-def test_example3_one_all_to_all(flatten, shape):
+def test_gathers_and_all_to_all_become_one_all_to_all(flatten, shape):
     """(a, b, c, d) of size 2, b+c+d flattened, [S(1)] * 4 -> [S(1), S(0), S(0), S(0)]:
     DTensor all_gather(d) + all_gather(c) + all_to_all(b) + chunks (3 collectives;
     torch 2 when c+d exists); we issue one all_to_all over b+c+d."""

@@ -23,11 +23,13 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+# Run as a script, this file's folder is on sys.path; the tests folder (for
+# ``support``) must be too.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
-from graph_pass_programs import Recorder, compile_program  # noqa: E402
+from support.graph_pass_programs import Recorder, compile_program  # noqa: E402
 
 DIM = 8
 

@@ -1,4 +1,4 @@
-"""Deterministic generation of the differential cases (see test_differential.py).
+"""Deterministic generation of the differential cases (see tests/test_differential.py).
 
 Exhaustive where cheap (every src/dst pair on 1-D and 2-D meshes), stratified
 elsewhere. Everything is derived from fixed seeds, so the case list and the ids
@@ -11,7 +11,7 @@ import itertools
 import random
 
 import torch
-from harness import Case
+from support.harness import Case
 
 F32, F64, BF16, C64 = torch.float32, torch.float64, torch.bfloat16, torch.complex64
 
@@ -219,8 +219,7 @@ def _mix(src, dst, rng):
 
 
 def mixed_partial_cases():
-    """Issue 10, item 1: sum and avg partials mixed in one placement (torch accepts
-    them). On 2x2, 2x2x2 and the _unflatten view the world / root group exists,
+    """Sum and avg partials mixed in one placement (torch accepts them). On 2x2, 2x2x2 and the _unflatten view the world / root group exists,
     so the optimized plan merges them into one sum plus a scale."""
     cases = []
     rng = random.Random(1010)
@@ -246,12 +245,12 @@ SHAPES_3D = [(8, 6, 4), (5, 3, 2), (8, 0, 4), (4, 7, 3), (8, 8, 4), (16, 4, 2)]
 
 
 def chain_cases():
-    """Issue 10, items 2 and 3, on roots with flattened meshes (groups="existing"):
+    """Chains on roots with flattened meshes (groups="existing"):
     all_reduce + chunk -> reduce_scatter (P on outer dims, shards on inner ones)
     and nested all_gather + all_to_all chains (S on every dim, dst moves dims)."""
     cases = []
     rng = random.Random(1011)
-    # the issue's examples, even, uneven and zero-size
+    # the two canonical chains, even, uneven and zero-size
     for shape in [(8, 6, 4), (8, 8, 4), (5, 3, 2), (8, 0, 4)]:
         cases.append(Case("2x2x2x2_ab_cd_abcd", ("P", "P", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(0)", "S(0)"), shape))
     for shape in [(8, 16, 2), (8, 16, 4), (5, 7, 3), (8, 0, 2), (3, 16, 2)]:

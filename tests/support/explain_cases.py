@@ -10,7 +10,7 @@ import torch
 
 import redist_opt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 CASES_FILE = ROOT / "fixtures" / "cases.json"
 
 

@@ -31,7 +31,7 @@ def worker(rank: int, port: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    import compile_models
+    from support import compile_models
     import redist_opt
     from redist_opt.ir.cost import CostModel
     from redist_opt.graph.backend import collectives

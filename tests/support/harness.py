@@ -55,6 +55,9 @@ from torch.distributed.tensor._redistribute import (
 )
 from torch.distributed.tensor.debug import CommDebugMode
 
+import redist_opt
+from support.run_report import REPORT
+
 # Size of the fake default process group. It has to cover the largest mesh a
 # test builds (2x2x2x2 = 16 ranks in test_rank_free); smaller meshes are
 # simulated with a LocalTensorMode over exactly their own ranks.
@@ -145,6 +148,8 @@ class MeshFactory:
 
 
 _MESH_CACHE: dict[str, DeviceMesh] = {}
+_COORDS_CACHE: dict[str, dict[int, tuple[int, ...]]] = {}
+_COORD_SYMINTS: dict[str, list] = {}  # get_coordinate() under LocalTensorMode, per mesh
 
 
 def get_mesh(factory: MeshFactory, lm: LocalTensorMode) -> DeviceMesh:
@@ -159,6 +164,27 @@ def get_mesh(factory: MeshFactory, lm: LocalTensorMode) -> DeviceMesh:
             mesh = factory.build()
         _MESH_CACHE[factory.name] = mesh
     return mesh
+
+
+def mesh_coordinates(factory: MeshFactory, lm: LocalTensorMode) -> dict[int, tuple[int, ...]]:
+    """Every simulated rank's coordinate in the factory's mesh (must run inside ``lm``).
+
+    Computed once per process. Under LocalTensorMode, ``DeviceMesh.get_coordinate``
+    walks the mesh layout once per simulated rank and caches the result in the
+    mode, so every case's new LocalTensorMode paid for it again (about a tenth
+    of a differential case); the cached meshes live as long as the process, so
+    their coordinates are handed to each new mode instead."""
+    mesh = get_mesh(factory, lm)
+    symbolic = _COORD_SYMINTS.get(factory.name)
+    cache = getattr(lm, "_coordinate_cache", None)
+    if symbolic is None:
+        _COORD_SYMINTS[factory.name] = mesh.get_coordinate()
+    elif cache is not None:
+        cache.setdefault(id(mesh), symbolic)
+    coords = _COORDS_CACHE.get(factory.name)
+    if coords is None:
+        coords = _COORDS_CACHE[factory.name] = rank_coordinates(mesh, lm)
+    return coords
 
 
 def _init(shape, names=None):
@@ -376,6 +402,7 @@ def build_input(
     shape: Sequence[int],
     dtype: torch.dtype,
     seed: int,
+    coords: dict[int, tuple[int, ...]] | None = None,
 ) -> Input:
     """A DTensor with placements ``src`` holding random data; must run in ``lm``.
 
@@ -383,7 +410,8 @@ def build_input(
     Partial dims, each rank adds a random perturbation that depends only on
     its coordinates along the non-Replicate mesh dims, so partial ranks hold
     *different* data while replicas along Replicate dims stay identical (a
-    valid DTensor)."""
+    valid DTensor). ``coords`` (every rank's mesh coordinate) may be passed to
+    save recomputing them."""
     ndim = len(shape)
     src_n = tuple(normalize(p, ndim) for p in src)
     with lm.disable():  # random factories are per-rank inside LocalTensorMode
@@ -393,7 +421,8 @@ def build_input(
     # test_harness.py checks against distribute_tensor; distribute_tensor
     # itself is ~100x slower under LocalTensorMode.
     base = [Replicate() if p.is_partial() else p for p in src_n]
-    coords = rank_coordinates(mesh, lm)
+    if coords is None:
+        coords = rank_coordinates(mesh, lm)
     mesh_shape = tuple(mesh.shape)
     has_partial = any(p.is_partial() for p in src_n)
 
@@ -588,8 +617,6 @@ def run_candidate(
     **kwargs,
 ) -> Outcome:
     """redist_opt on the input; ``passes=()`` runs DTensor's own plan (no optimization)."""
-    import redist_opt
-
     o = Outcome()
     try:
         with CommDebugMode() as cdm:
@@ -683,7 +710,8 @@ def check_case(
     # would create per-rank data).
     with LocalTensorMode(mesh_factory.nranks) as lm:
         mesh = get_mesh(mesh_factory, lm)
-        inp = build_input(mesh, lm, src_p, shape, dtype, seed)
+        coords = mesh_coordinates(mesh_factory, lm)
+        inp = build_input(mesh, lm, src_p, shape, dtype, seed, coords)
         ref = run_oracle(inp, dst_p, **kwargs)
         cand = run_candidate(inp, dst_arg, via=via, pass_mesh=pass_mesh, passes=(), **kwargs)
         opt_kwargs = dict(kwargs, cost=cost) if cost is not None else kwargs
@@ -720,13 +748,13 @@ def is_rejection(err: BaseException) -> bool:
 # reduce_scatter whose per-rank local sizes differ across groups: a real run
 # evaluates the padding decision per rank, the simulation evaluates it once for
 # all ranks and then fails in torch.cat). The oracle is unavailable there; the
-# candidate is checked against the independent reference instead.
-ORACLE_ARTIFACTS: list[str] = []
+# candidate is checked against the independent reference instead; such cases are
+# listed at the end of the run (REPORT.oracle_artifacts).
 
 
 def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p, optimized=False) -> None:
     if not optimized:
-        ORACLE_ARTIFACTS.append(f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
+        REPORT.oracle_artifacts.append(f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
                                 f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}")
     if cand.error is not None and optimized:
         raise AssertionError(
@@ -782,8 +810,6 @@ def compare(
     linear_reductions: bool = False,
 ) -> None:
     """``optimized``: the candidate ran the pass pipeline (see the module docstring)."""
-    import redist_opt
-
     who = "redist_opt (optimized)" if optimized else "redist_opt"
 
     if ref.error is not None:
@@ -879,7 +905,7 @@ def oracle_only(case: Case) -> Outcome:
                      tuple(case.shape), str(case.dtype))
     with LocalTensorMode(f.nranks) as lm:
         mesh = get_mesh(f, lm)
-        inp = build_input(mesh, lm, src_p, case.shape, case.dtype, seed)
+        inp = build_input(mesh, lm, src_p, case.shape, case.dtype, seed, mesh_coordinates(f, lm))
         ref = run_oracle(inp, dst_p, **dict(case.kwargs))
     _assert_input_unchanged(inp, "torch (oracle)")
     if ref.error is None and f.global_check:

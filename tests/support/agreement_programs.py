@@ -15,7 +15,7 @@ import torch._dynamo
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-import graph_pass_programs as P
+from support import graph_pass_programs as P
 
 # Read by with_extra(): changed on one rank only, it makes Dynamo recompile there only.
 EXTRA = 0
