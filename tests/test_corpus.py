@@ -1,7 +1,7 @@
 """The corpus of real parallelism layouts (fixtures/corpus.json).
 
 * schema: every case parses to a valid mesh (with its flattened groups) and
-  placements, at least 40 cases, every category of the issue present, sources
+  placements, at least 40 cases, every category present, sources
   and reasons non-empty, the simulation shape keeps the sharding pattern;
 * a small sample runs differentially through ``harness.check_case``: our
   output equals torch's redistribute with its merge pass disabled, rank by rank,

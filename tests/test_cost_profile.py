@@ -1,4 +1,4 @@
-"""Which cost profile a plan uses (issue 10, item 6): the mesh's backend, or a file
+"""Which cost profile a plan uses: the mesh's backend, or a file
 named by $REDIST_OPT_COST_PROFILE; shown in explain and in the plan dumps."""
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ UNCHANGED = {
 GRAD = {"dtensor_grad"}
 # What the SimpleFSDP gradient becomes depends on its size and the cost model: the mesh
 # is the whole world, so one all_reduce over it plus a local chunk is always possible,
-# and it is the fastest for small tensors. Each variant pins the case the issue names:
+# and it is the fastest for small tensors. Each variant pins one case:
 # with a dpr x tp group, a 4 MiB gradient under the default (NCCL) model becomes
 # reduce_scatter(dps) + one all_reduce(dpr+tp); without that group, under the gloo
 # profile (where one all_reduce over 8 ranks is never the cheapest), the
