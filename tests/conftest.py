@@ -109,7 +109,7 @@ FIRST = (
     "tests/test_quality.py",  # 15 s
     "tests/test_explain.py::test_cli_error_in_a_real_process",  # 10 s: a fresh interpreter
     "tests/test_rank_free.py::test_plan_without_process_group",  # 10 s: a fresh interpreter
-    "tests/test_public_cases.py::test_item5_world_group_2x2x2",  # 7 s: a fresh interpreter
+    "tests/test_public_cases.py::test_world_group_used_when_dims_cover_the_world_2x2x2",  # 7 s: a fresh interpreter
     "tests/test_cost_profile.py::test_gloo_mesh_gets_gloo_profile",  # 5 s: gloo ranks
 )
 

@@ -8,7 +8,7 @@ flattened meshes the case names (``mesh[("a", "c")]._flatten()``), and checks:
 * ``redist_opt.redistribute(dt, dst, groups="existing")`` issues FEWER
   collectives (``CommDebugMode().get_total_counts()``) than torch 2.13's own
   ``DTensor.redistribute`` with its merge pass ON and the same flattened meshes,
-  or is correct where torch is wrong (item 3);
+  or is correct where torch is wrong (the uneven all_gather);
 * every rank's output equals the oracle (torch with
   ``disable_redistribute_transform_optimization()``): inputs are small integers
   in float64, so sums are exact and the comparison is ``torch.equal``;
@@ -63,7 +63,7 @@ F64 = torch.float64
 
 
 @pytest.mark.parametrize("shape", [(8, 4), (5, 3)], ids=["even", "uneven"])
-def test_item1_reorder_then_merge(shape):
+def test_nonconsecutive_reductions_reorder_then_merge(shape):
     """P,P,P -> R,S(0),R on 2x2x2, a+c flattened: torch AR(a), RS(b), AR(c) = 3;
     we issue RS(b) + AR(a+c) = 2 (the all_reduce on the scattered tensor)."""
     o = run_three((2, 2, 2), "abc", [("a", "c")], "P,P,P", "R,S(0),R", shape)
@@ -79,7 +79,7 @@ def test_item1_reorder_then_merge(shape):
 
 
 @pytest.mark.parametrize("op", ["sum", "max"])
-def test_item2_partial_merge(op):
+def test_reductions_merge_where_only_some_groups_exist(op):
     """P,P,P -> R,R,R with only a+b flattened: torch 3, we AR(a+b) + AR(c) = 2."""
     p = "P" if op == "sum" else f"P({op})"
     o = run_three((2, 2, 2), "abc", [("a", "b")], f"{p},{p},{p}", "R,R,R", (6, 5))
@@ -94,7 +94,7 @@ def test_item2_partial_merge(op):
 # ----------------------------------------------------------------------------
 
 
-def test_item3_uneven_all_gather_torch_wrong_ours_right():
+def test_uneven_all_gather_torch_wrong_ours_right():
     """(5,3) S(0),S(0) -> R,R on 2x2 with a+b flattened (pytorch PR 194457)."""
     truth = torch.arange(1, 16, dtype=F64).reshape(5, 3)  # no zeros: padding is visible
     o = run_three((2, 2), "ab", [("a", "b")], "S(0),S(0)", "R,R", (5, 3), data=truth)
@@ -124,7 +124,7 @@ def test_item3_uneven_all_gather_torch_wrong_ours_right():
     [((2, 2), "ab", (5, 3)), ((2, 2), "ab", (3, 4)), ((2, 3), "ab", (7, 2)), ((3, 2), "ab", (4, 1))],
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v,
 )
-def test_item4_uneven_reduce_scatter_merged(sizes, names, shape):
+def test_uneven_reduce_scatter_merged(sizes, names, shape):
     """P,P -> S(0),S(0) with a+b flattened, dim 0 not divisible by the group:
     torch refuses the merge (2 reduce_scatters), we issue one."""
     o = run_three(sizes, names, [("a", "b")], "P,P", "S(0),S(0)", shape)
@@ -134,7 +134,7 @@ def test_item4_uneven_reduce_scatter_merged(sizes, names, shape):
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (5, 7), (4, 3)], ids=lambda s: "x".join(map(str, s)))
-def test_item4_all_to_all_merged(shape):
+def test_all_to_all_merged(shape):
     """S(0),S(0) -> S(1),S(1) on 2x2 with a+b flattened: torch all_gather(b) +
     all_to_all(a) (+ a local chunk); we issue one all_to_all over a+b."""
     o = run_three((2, 2), "ab", [("a", "b")], "S(0),S(0)", "S(1),S(1)", shape)
@@ -152,7 +152,7 @@ NON_ASCENDING = [
 
 
 @pytest.mark.parametrize("src,dst,shape", NON_ASCENDING, ids=["SS_to_RR", "PP_to_SS"])
-def test_item4_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape):
+def test_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape):
     """Non-default shard orders go through torch (merge disabled): same output
     as the oracle, torch's count, and a warning that says so."""
     monkeypatch.setattr(redist_opt.api.errors, "_warned", set())  # warned once per process
@@ -176,7 +176,7 @@ def test_item4_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape
 # ----------------------------------------------------------------------------
 
 
-def test_item5_groups_create_creates_once_and_caches():
+def test_groups_create_creates_once_and_caches():
     """P,P,P -> R,R,R on 2x2x2 with nothing flattened: torch 3 all_reduces; with
     groups="create" we flatten a+b+c on first use (one all_reduce) and reuse it."""
     src, dst, shape = placements("P,P,P"), placements("R,R,R"), (6, 5)
@@ -262,7 +262,7 @@ def _world_case(sizes) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_item5_world_group_2x2x2():
+def test_world_group_used_when_dims_cover_the_world_2x2x2():
     """P,P,P -> R,R,R on a full-world 2x2x2 mesh (its own process: world size 8):
     one all_reduce over the default group, nothing flattened; torch issues 3."""
     out = _world_case((2, 2, 2))
@@ -282,7 +282,7 @@ def _factor(n: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def test_item5_world_group_in_process():
+def test_world_group_in_process():
     """The same in this pytest process, on a mesh covering its whole fake world."""
     world = dist.get_world_size()
     sizes = _factor(world)
