@@ -311,6 +311,10 @@ def _parse_case(text: str) -> tuple[str, str]:
 
 
 def cmd_bench(args) -> int:
+    if args.part == "step":  # real training steps of torchtitan (redist_opt/tools/step_bench)
+        from redist_opt.tools.step_bench import cmd_step
+
+        return cmd_step(args)
     if args.part == "quality":  # the corpus against torch's shipped redistribute (redist_opt/quality.py)
         from redist_opt.tools import quality
 
@@ -380,9 +384,10 @@ def _add_bench_arguments(p) -> None:
     from redist_opt.tools.bench import DEFAULT_BENCH_SIZES
 
     from redist_opt.tools.quality import add_quality_arguments
+    from redist_opt.tools.step_bench import add_step_arguments
 
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality", "step"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md)",
     )  # fmt: skip
@@ -402,6 +407,7 @@ def _add_bench_arguments(p) -> None:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
     add_quality_arguments(p)  # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
+    add_step_arguments(p)  # --step-config, --step-mode, --steps (docs/step_bench.md)
 
 
 def build_parser() -> argparse.ArgumentParser:
