@@ -150,6 +150,9 @@ def model_config():
 SPMD_BACKEND = {"fsdp2_tp": "partial_dtensor", "simplefsdp_tp": "partial_dtensor", "full_dtensor": "full_dtensor"}
 
 
+_parallel_dims: dict = {}
+
+
 def build(cfg: StepConfig, world: int, compile_backend=None):
     """(model, parallel_dims) on CPU, parallelized by torchtitan as its trainer does.
 
@@ -171,8 +174,14 @@ def build(cfg: StepConfig, world: int, compile_backend=None):
     training = TrainingConfig(
         local_batch_size=1, seq_len=SEQ, mixed_precision_param="float32", mixed_precision_reduce="float32"
     )
-    dims = ParallelDims.from_config(parallelism, world)
-    dims.build_mesh()
+    key = (cfg, world)
+    dims = _parallel_dims.get(key)
+    if dims is None:
+        # One ParallelDims per process, shared by the modes, as in one job: torchtitan
+        # keeps the first meshes it resolves (a second ParallelDims' params would sit
+        # on other mesh objects than the ones fully_shard is given).
+        dims = _parallel_dims[key] = ParallelDims.from_config(parallelism, world)
+        dims.build_mesh()
     dist_utils.set_spmd_backend(spmd_backend)
     config = model_config()
     config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism, training=training))

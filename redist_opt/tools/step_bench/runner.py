@@ -8,9 +8,10 @@ import json
 import sys
 import time
 
+from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.step_bench import report
 from redist_opt.tools.step_bench.model import StepConfig
-from redist_opt.tools.step_bench.worker import MODES
+from redist_opt.tools.step_bench.worker import MODES, run_config
 
 WORLD = 8
 TORCHTITAN_VERSION = "0.3.0"
@@ -43,9 +44,6 @@ def parse_config(text: str) -> StepConfig:
 
 def run_step_bench(configs, modes=MODES, *, steps: int = 4, warmup: int = 1, timeout: float = 1800.0, log=print):
     """Every mode of every config on ``WORLD`` gloo ranks; a list of :func:`report.summarize` results."""
-    from redist_opt.tools.spawn import run_ranks
-    from redist_opt.tools.step_bench.worker import run_config
-
     results = []
     for cfg in configs:
         t0 = time.monotonic()
@@ -74,8 +72,6 @@ def cmd_step(args) -> int:
     if missing:
         print(f"redist-opt bench --part step: {missing}", file=sys.stderr)
         return 2
-    from redist_opt.tools.spawn import SpawnError
-
     try:
         configs = [parse_config(c) for c in args.step_config] if args.step_config else list(CONFIGS)
     except ValueError as e:

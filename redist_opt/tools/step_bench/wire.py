@@ -19,6 +19,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from redist_opt.api import core
+from redist_opt.ir.placements import placements_str
+from redist_opt.runtime import torch_dtensor as tdt
+
 # op name (namespace-free) -> the kind reported
 KINDS = {
     "allreduce_": "all_reduce",
@@ -91,6 +95,12 @@ class WireCounter(TorchDispatchMode):
         super().__init__()
         self.calls: list[Collective] = []
 
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        # Dynamo skips every frame while a user dispatch mode is active; an infra
+        # mode it leaves alone, so compiled modes really compile under the counter.
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if any(issubclass(t, DTensor) for t in types):
@@ -120,8 +130,6 @@ class Transition:
 
 
 def _pl(placements) -> str:
-    from redist_opt.ir.placements import placements_str
-
     try:
         return placements_str(placements)
     except Exception:  # noqa: BLE001 - a placement redist_opt cannot print
@@ -146,8 +154,6 @@ class TransitionLog:
 
     def wrap(self, fn, routed: bool):
         """``fn`` (torch's or redist_opt's routed function), recording what each call did."""
-        from redist_opt.api import core
-
         def recorded(local_tensor, current_spec, target_spec, *args, **kwargs):
             start = len(self.counter.calls)
             core._warned.clear()  # a hand-back warns once per reason: make every call say why
@@ -167,8 +173,6 @@ class TransitionLog:
 @contextlib.contextmanager
 def record_torch_transitions(log: TransitionLog):
     """Record torch's own redistributions (the plain modes)."""
-    from redist_opt.runtime import torch_dtensor as tdt
-
     wrapper = log.wrap(tdt.TORCH_REDISTRIBUTE_LOCAL, routed=False)
     previous = tdt.install_redistribute_local(wrapper)
     try:
@@ -181,8 +185,6 @@ def record_torch_transitions(log: TransitionLog):
 def record_routed_transitions(log: TransitionLog):
     """Record redist_opt's routed calls; enter before ``redist_opt.enabled()``, which installs
     whatever ``_routed_redistribute_local_tensor`` is at its entry."""
-    from redist_opt.api import core
-
     original = core._routed_redistribute_local_tensor
     core._routed_redistribute_local_tensor = log.wrap(original, routed=True)
     try:

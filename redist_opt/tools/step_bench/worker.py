@@ -16,6 +16,8 @@ import warnings
 
 import torch
 
+import redist_opt
+from redist_opt.graph import graph_pass
 from redist_opt.tools.step_bench import model as M
 from redist_opt.tools.step_bench import wire
 
@@ -38,15 +40,11 @@ def _compile_backend(mode: str):
     if mode == "compiled":
         return "aot_eager"
     if mode == "compiled_ours":
-        import redist_opt
-
         return redist_opt.backend("aot_eager")
     return None
 
 
 def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int) -> dict:
-    import redist_opt
-
     torch._dynamo.reset()
     redist_opt.clear_caches()
     model, dims = M.build(cfg, world, compile_backend=_compile_backend(mode))
@@ -56,7 +54,11 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int)
     log = wire.TransitionLog(counter)
     graph_results: list = []
     routed = mode in ("existing", "create", "compiled_ours")
-    recorder = wire.record_routed_transitions(log) if routed else wire.record_torch_transitions(log)
+    recorder = contextlib.ExitStack()
+    if mode != "existing" and mode != "create":  # torch's own calls (compiled_ours: outside the graphs)
+        recorder.enter_context(wire.record_torch_transitions(log))
+    if routed:  # entered after: enabled() and the backend install what is patched at their entry
+        recorder.enter_context(wire.record_routed_transitions(log))
     route = redist_opt.enabled(groups=mode) if mode in ("existing", "create") else contextlib.nullcontext()
     data = _batches(dims, steps)
     res = {"losses": [], "walls": [], "steps": []}
@@ -77,6 +79,7 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int)
     timed = res["walls"][warmup:] or res["walls"]
     res["wall_median"] = statistics.median(timed)
     res["graph_pass"] = graph_results
+    res["graphs_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return res
 
 
@@ -135,8 +138,6 @@ def _local_value(loss) -> float:
 @contextlib.contextmanager
 def _capture_graph_pass(results: list):
     """Record what the compiled-graph pass did to each graph it saw."""
-    from redist_opt.graph import graph_pass
-
     original = graph_pass.optimize_graph
 
     def recorded(gm, *args, **kwargs):
