@@ -47,7 +47,12 @@ def summarize(cfg, ranks: list) -> dict:
     r0 = ranks[0]
     rows = []
     for mode, res in r0["modes"].items():
+        if "error" in res:
+            rows.append({"config": cfg.label, "mode": mode, "error": res["error"], "stubbed": r0["stubbed"]})
+            continue
         base = BASELINE.get(mode)
+        if base in r0["modes"] and "error" in r0["modes"][base]:
+            base = None
         tr = _transitions(res, mode)
         routes = Counter(t["route"] for t in tr)
         reasons = Counter(t["reason"] for t in tr if t["route"] == "handed back")
@@ -97,6 +102,9 @@ def format_table(results: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for res in results:
         for r in res["rows"]:
+            if "error" in r:
+                lines.append(f"{r['config']:<20} {r['mode']:<13} FAILED: {r['error'][:120]}")
+                continue
             lines.append(
                 f"{r['config']:<20} {r['mode']:<13} {r['collectives']:>4} {r['bytes'] / 1024:>7.1f} "
                 f"{r['wall_ms']:>8.1f} {r['loss_vs_baseline']:<14} {r['routed']:>6} {r['handed_back']:>5}  "
@@ -109,6 +117,9 @@ def format_details(results: list[dict]) -> str:
     lines = []
     for res in results:
         for r in res["rows"]:
+            if "error" in r:
+                lines.append(f"{r['config']} / {r['mode']}:\n  failed: {r['error']}")
+                continue
             notes = []
             for reason, n in r["hand_back_reasons"].items():
                 notes.append(f"  handed back x{n}: {reason}")

@@ -32,7 +32,11 @@ def run_config(rank: int, world: int, cfg: M.StepConfig, modes: tuple, steps: in
     warnings.filterwarnings("ignore", message="DTensor random operators")
     out = {"rank": rank, "stubbed": stubbed, "modes": {}}
     for mode in modes:
-        out["modes"][mode] = _run_mode(cfg, world, mode, steps, warmup)
+        try:
+            out["modes"][mode] = _run_mode(cfg, world, mode, steps, warmup)
+        except Exception as e:  # noqa: BLE001 - a mode that fails on every rank alike is a result
+            # (one that fails on some ranks only hangs the others; run_ranks reports that)
+            out["modes"][mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     return out
 
 
