@@ -1,0 +1,114 @@
+"""``redist-opt bench --part step``: the matrix of configs and modes, on 8 gloo ranks."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import sys
+import time
+
+from redist_opt.tools.spawn import SpawnError, run_ranks
+from redist_opt.tools.step_bench import report
+from redist_opt.tools.step_bench.model import StepConfig
+from redist_opt.tools.step_bench.worker import MODES, run_config
+
+WORLD = 8
+TORCHTITAN_VERSION = "0.3.0"
+INSTALL_HINT = 'pip install -c constraints.txt -e ".[frameworks]"'
+CONFIG_NAMES = ("fsdp2_tp", "simplefsdp_tp", "full_dtensor")
+MESHES = ((2, 2, 2), (1, 4, 2))  # dp_replicate x dp_shard x tp
+CONFIGS = tuple(StepConfig(n, *m) for n in CONFIG_NAMES for m in MESHES)
+
+
+def torchtitan_missing() -> str | None:
+    """Why the step bench cannot run here (with what to install), or None."""
+    if importlib.util.find_spec("torchtitan") is None:
+        return f"torchtitan is not installed; install it with: {INSTALL_HINT}"
+    version = importlib.metadata.version("torchtitan")
+    if version != TORCHTITAN_VERSION:
+        return f"torchtitan {version} is installed, the step bench needs {TORCHTITAN_VERSION}: {INSTALL_HINT}"
+    return None
+
+
+def parse_config(text: str) -> StepConfig:
+    """``fsdp2_tp:2x2x2`` (name:dp_replicate x dp_shard x tp)."""
+    name, _, mesh = text.partition(":")
+    if name not in CONFIG_NAMES:
+        raise ValueError(f"unknown step config {name!r}; expected one of {', '.join(CONFIG_NAMES)}")
+    sizes = tuple(int(x) for x in (mesh or "2x2x2").split("x"))
+    if len(sizes) != 3 or sizes[0] * sizes[1] * sizes[2] != WORLD:
+        raise ValueError(f"mesh {mesh!r}: expected dp_replicate x dp_shard x tp with {WORLD} ranks")
+    return StepConfig(name, *sizes)
+
+
+def run_step_bench(configs, modes=MODES, *, steps: int = 4, warmup: int = 1, timeout: float = 1800.0, log=print):
+    """Every mode of every config on ``WORLD`` gloo ranks; a list of :func:`report.summarize` results."""
+    results = []
+    for cfg in configs:
+        t0 = time.monotonic()
+        log(f"running {cfg.label}: {', '.join(modes)}, {steps} steps each, on {WORLD} gloo ranks ...")
+        ranks = run_ranks(run_config, WORLD, (cfg, tuple(modes), steps, warmup), timeout=timeout)
+        results.append(report.summarize(cfg, ranks))
+        log(f"  done in {time.monotonic() - t0:.0f}s")
+    return results
+
+
+def add_step_arguments(p) -> None:
+    p.add_argument(
+        "--step-config", action="append",
+        help=f"--part step: a config NAME:RxSxT (repeatable; names {', '.join(CONFIG_NAMES)}); "
+        "default all on 2x2x2 and 1x4x2",
+    )  # fmt: skip
+    p.add_argument(
+        "--step-mode", action="append", choices=MODES,
+        help="--part step: a mode (repeatable; default all)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=4, help="--part step: training steps per mode (default 4)")
+
+
+def cmd_step(args) -> int:
+    missing = torchtitan_missing()
+    if missing:
+        print(f"redist-opt bench --part step: {missing}", file=sys.stderr)
+        return 2
+    try:
+        configs = [parse_config(c) for c in args.step_config] if args.step_config else list(CONFIGS)
+    except ValueError as e:
+        print(f"redist-opt bench --part step: {e}", file=sys.stderr)
+        return 2
+    modes = tuple(args.step_mode) if args.step_mode else MODES
+    warmup = min(args.warmup, max(0, args.steps - 1))
+    try:
+        results = run_step_bench(
+            configs, modes, steps=args.steps, warmup=warmup, timeout=max(args.timeout, 1800.0),
+            log=lambda s: print(s, flush=True),
+        )  # fmt: skip
+    except SpawnError as e:
+        print(f"redist-opt bench: {e}", file=sys.stderr)
+        return 1
+    print(_header(results, args.steps, warmup))
+    print(report.format_table(results))
+    details = report.format_details(results)
+    if details:
+        print("\n" + details)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"part": "step", "steps": args.steps, "warmup": warmup, "results": results}, f, indent=1)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _header(results: list, steps: int, warmup: int) -> str:
+    stubbed = sorted({s for res in results for r in res["rows"] for s in r["stubbed"]})
+    lines = [
+        "",
+        f"torchtitan {TORCHTITAN_VERSION} llama3 debug model shrunk (dim 128, 2 layers, seq 64, SDPA), "
+        f"{WORLD} gloo ranks; per step: collectives counted on the wire (last step), "
+        f"wall = median of steps {warmup + 1}..{steps}; loss vs base: every step on every rank "
+        "(base: plain for eager and compiled, compiled for compiled_ours)",
+    ]
+    if stubbed:
+        lines.append(f"stubbed in the ranks (not installed, unused on CPU): {', '.join(stubbed)}")
+    return "\n".join(lines) + "\n"

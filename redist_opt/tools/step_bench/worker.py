@@ -1,0 +1,164 @@
+"""One rank of the step bench: every mode of one config, in one process group.
+
+Modes run in this order, each on a freshly built and identically initialised model:
+plain torch, ``enabled(groups="existing")``, compiled (aot_eager) plain, compiled
+with ``redist_opt.backend("aot_eager")``, then ``enabled(groups="create")`` last,
+because the groups it creates would otherwise be "existing" for the modes after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+import warnings
+
+import torch
+
+import redist_opt
+from redist_opt.graph import graph_pass
+from redist_opt.tools.step_bench import model as M
+from redist_opt.tools.step_bench import wire
+
+MODES = ("plain", "existing", "compiled", "compiled_ours", "create")
+
+
+def run_config(rank: int, world: int, cfg: M.StepConfig, modes: tuple, steps: int, warmup: int) -> dict:
+    """Spawned target: this rank's results for every mode of ``cfg``."""
+    stubbed = M.import_torchtitan()
+    # Hand-back warnings are captured per call (wire.TransitionLog); not logged 8 times over.
+    logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="DTensor random operators")
+    out = {"rank": rank, "stubbed": stubbed, "modes": {}}
+    for mode in modes:
+        try:
+            out["modes"][mode] = _run_mode(cfg, world, mode, steps, warmup)
+        except Exception as e:  # noqa: BLE001 - a mode that fails on every rank alike is a result
+            # (one that fails on some ranks only hangs the others; run_ranks reports that)
+            out["modes"][mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    return out
+
+
+def _compile_backend(mode: str):
+    if mode == "compiled":
+        return "aot_eager"
+    if mode == "compiled_ours":
+        return redist_opt.backend("aot_eager")
+    return None
+
+
+def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int) -> dict:
+    torch._dynamo.reset()
+    redist_opt.clear_caches()
+    model, dims = M.build(cfg, world, compile_backend=_compile_backend(mode))
+    _force_sum_reduction(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    counter = wire.WireCounter()
+    log = wire.TransitionLog(counter)
+    graph_results: list = []
+    routed = mode in ("existing", "create", "compiled_ours")
+    recorder = contextlib.ExitStack()
+    if mode != "existing" and mode != "create":  # torch's own calls (compiled_ours: outside the graphs)
+        recorder.enter_context(wire.record_torch_transitions(log))
+    if routed:  # entered after: enabled() and the backend install what is patched at their entry
+        recorder.enter_context(wire.record_routed_transitions(log))
+    route = redist_opt.enabled(groups=mode) if mode in ("existing", "create") else contextlib.nullcontext()
+    data = _batches(dims, steps)
+    res = {"losses": [], "walls": [], "steps": []}
+    with _capture_graph_pass(graph_results), recorder, route:
+        for step in range(steps):
+            first_call, first_tr = len(counter.calls), len(log.calls)
+            t0 = time.perf_counter()
+            with counter:
+                loss = _train_step(model, opt, dims, *data[step])
+            res["walls"].append(time.perf_counter() - t0)
+            res["losses"].append(_local_value(loss))
+            res["steps"].append(
+                {
+                    "wire": wire.summarize(counter.calls[first_call:]),
+                    "transitions": [t.__dict__ for t in log.calls[first_tr:]],
+                }
+            )
+    timed = res["walls"][warmup:] or res["walls"]
+    res["wall_median"] = statistics.median(timed)
+    res["graph_pass"] = graph_results
+    res["graphs_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    return res
+
+
+def _force_sum_reduction(model) -> None:
+    """gloo has no PREMUL_SUM: FSDP2 must divide after a SUM reduce-scatter."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+
+
+def _batches(dims, steps: int) -> list:
+    """Token batches: one per data-parallel rank (the same on its tensor-parallel ranks)."""
+    batch_rank = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
+    g = torch.Generator().manual_seed(1000 + batch_rank)
+    return [
+        (torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g), torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g))
+        for _ in range(steps)
+    ]
+
+
+def _train_step(model, opt, dims, inputs, labels):
+    """torchtitan's train step: token count over the batch mesh, forward, loss, backward,
+    ``clip_grad_norm_`` and the optimizer step."""
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed import full_dtensor
+    from torchtitan.distributed import utils as dist_utils
+
+    opt.zero_grad()
+    local_tokens = torch.tensor(labels.numel(), dtype=torch.int64)
+    if dims.dp_enabled:
+        global_tokens = dist_utils.dist_sum_tensor(local_tokens, dims.get_mesh("batch"))
+    else:
+        global_tokens = local_tokens
+    kwargs: dict = {}
+    if dims.spmd_backend == "full_dtensor":
+        inputs, labels, kwargs = full_dtensor.parallelize_inputs(dims, inputs, labels, kwargs)
+    pred = model(inputs, **kwargs)
+    loss = cross_entropy_loss(pred, labels) / global_tokens
+    del pred
+    loss.backward()
+    dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
+    opt.step()
+    return loss.detach()
+
+
+def _local_value(loss) -> float:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(loss, DTensor):
+        loss = loss.to_local()
+    return float(loss)
+
+
+@contextlib.contextmanager
+def _capture_graph_pass(results: list):
+    """Record what the compiled-graph pass did to each graph it saw."""
+    original = graph_pass.optimize_graph
+
+    def recorded(gm, *args, **kwargs):
+        r = original(gm, *args, **kwargs)
+        results.append(
+            {
+                "chains": len(r.chains),
+                "rewritten": sum(1 for c in r.chains if c.rewritten),
+                "before": r.collectives_before,
+                "after": r.collectives_after,
+                "not_raised": sorted({str(n) for n in r.not_raised}),
+            }
+        )
+        return r
+
+    graph_pass.optimize_graph = recorded
+    try:
+        yield
+    finally:
+        graph_pass.optimize_graph = original
