@@ -57,13 +57,14 @@ def torch_cost_reason(current_spec, target_spec) -> str | None:
     return None
 
 
-def plan_cost(current_spec, target_spec, *, groups="existing", passes=None, cost=None, prefer="time"):
+def plan_cost(current_spec, target_spec, *, groups="existing", passes=None, cost=None, prefer="time",
+              max_collectives="torch"):
     """(naive plan, optimized plan, modelled seconds of the optimized plan), or None
     where :func:`torch_cost_reason` gives a reason or the plan falls back to torch."""
     if torch_cost_reason(current_spec, target_spec) is not None:
         return None
     mesh = current_spec.mesh
-    options = (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer)
+    options = (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer, max_collectives)
     naive, opt = plans_for(
         spec_of(mesh), current_spec.placements, target_spec.placements,
         tuple(current_spec.shape), current_spec.tensor_meta.dtype, options,
@@ -82,6 +83,7 @@ def redistribute_cost(
     passes=None,
     cost=None,
     prefer: str = "time",
+    max_collectives: str = "torch",
 ) -> float:
     """torch's ``redistribute_cost`` (same arguments, same units: microseconds), priced
     by redist_opt's optimized plan: ``plan`` + ``optimize`` with these options (those
@@ -97,7 +99,10 @@ def redistribute_cost(
         return 0.0
     if current_spec.placements == target_spec.placements and current_spec.shard_order == target_spec.shard_order:
         return 0.0
-    priced = plan_cost(current_spec, target_spec, groups=groups, passes=passes, cost=cost, prefer=prefer)
+    priced = plan_cost(
+        current_spec, target_spec, groups=groups, passes=passes, cost=cost, prefer=prefer,
+        max_collectives=max_collectives,
+    )  # fmt: skip
     if priced is None:
         return tdt.TORCH_REDISTRIBUTE_COST(current_spec, target_spec)
     return priced[2] * tdt.TORCH_COST_UNITS_PER_SECOND
