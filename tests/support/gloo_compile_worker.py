@@ -14,15 +14,16 @@ import datetime
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+# The tests folder (for ``support``); redist_opt itself is installed.
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 120
 
 
 def worker(rank: int, port: int) -> None:
-    sys.path[:0] = [p for p in (ROOT, HERE) if p not in sys.path]
+    if TESTS not in sys.path:
+        sys.path.insert(0, TESTS)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     import warnings
