@@ -206,3 +206,47 @@ def test_model_matches_torch(sizes, flattened, src, dst, shape):
     assert torch_collective_count(p) == run.total, f"model {torch_merged_plan(p)} vs torch {run.kinds}"
     for profile in PROFILES.values():
         assert redist_opt.optimize(p, cost=profile).num_collectives <= run.total
+
+
+LIVE_MESH_CASES = [
+    # how the mesh is built, flattened groups, src, dst
+    ("root", [], "P,P,P", "R,R,R"),
+    ("root", [("a", "b")], "P,P,R", "R,R,R"),
+    ("unflatten", [], "P,P,P", "R,R,R"),
+    ("unflatten", [("a", "b")], "P,P,P", "R,R,R"),
+    ("unflatten", [], "S(0),S(0),S(0)", "R,R,R"),
+]
+
+
+def _live_mesh(kind):
+    names = ("a", "b", "c")
+    if kind == "root":
+        return init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=names)
+    # torchtitan's ParallelDims.build_mesh: views of a 1-D world mesh
+    world = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+    return world._unflatten(0, (2, 2, 2), names)
+
+
+@pytest.mark.parametrize("kind,flattened,src,dst", LIVE_MESH_CASES,
+                         ids=[f"{c[0]}-{'+'.join(''.join(g) for g in c[1]) or 'none'}-{c[2]}_to_{c[3]}"
+                              for c in LIVE_MESH_CASES])
+def test_cap_on_live_meshes_is_torchs_count(kind, flattened, src, dst):
+    """A MeshSpec read off a live mesh lists groups torch's merge pass never finds
+    (the world group, an ``_unflatten`` view's root dim): the cap is torch's real
+    count all the same, so the cost model keeps its choice up to that count."""
+    with LocalTensorMode(8) as lm:
+        mesh = _live_mesh(kind)
+        for group in flattened:
+            mesh[tuple(group)]._flatten()
+        dt, _ = int_input(mesh, lm, P(src), (8, 4), torch.float64, seed=1)
+        run = run_torch_merged(dt, P(dst))
+        spec = redist_opt.MeshSpec.from_device_mesh(mesh)
+    assert run.error is None, run.describe_error()
+    p = redist_opt.plan(spec, P(src), P(dst), shape=(8, 4), dtype=torch.float64)
+    assert torch_collective_count(p) == run.total, f"model {torch_merged_plan(p)} vs torch {run.kinds}"
+    for profile in PROFILES.values():
+        capped = redist_opt.optimize(p, cost=profile)
+        free = redist_opt.optimize(p, cost=profile, max_collectives="any")
+        assert capped.num_collectives <= run.total
+        if free.num_collectives <= run.total:  # within torch's count: the cap leaves the choice alone
+            assert capped.num_collectives == free.num_collectives
