@@ -126,17 +126,17 @@ def _sizes_reason(mesh: MeshSpec, src, shape) -> str | None:
         if shape[t] % math.prod(counts) == 0:
             continue  # even: every piece is shape[t] / prod(counts) either way
         if math.prod(counts) > _MAX_CHECKED_COORDS:
-            return f"tensor dim {t} of size {shape[t]} is unevenly _StridedShard-ed over {math.prod(counts)} ranks"
+            return f"uneven {placements_str(src)} over {math.prod(counts)} ranks: too many to check its local sizes"
         for values in itertools.product(*(range(n) for n in counts)):
             coords = dict(zip(dims, values))
             nested = shape[t]
             for d in dims:
                 nested = sym.chunk_size(nested, mesh.sizes[d], coords[d])
             if nested != _dtensor_size(shape[t], src, mesh.sizes, coords, t):
-                where = ", ".join(f"{mesh.dim_name(d)}={coords[d]}" for d in sorted(dims))
+                # no shape in the reason: the hand-back warns once per reason
                 return (
-                    f"uneven {placements_str(src)} of a size-{shape[t]} tensor dim {t}: at ({where}) DTensor's "
-                    "local size differs from the nested chunk of its shard order"
+                    f"uneven {placements_str(src)} on mesh ({mesh.shape_str}): DTensor's left-to-right local "
+                    f"sizes of tensor dim {t} differ from the nested chunks of its shard order on some rank"
                 )
     return None
 
