@@ -195,6 +195,7 @@ def test_full_tensor_of_fsdp2_tp_param_issues_no_hand_back():
 _MESHES = [((2, 2), ("dp", "tp")), ((2, 4), ("dp", "tp")), ((2, 2, 2), ("dr", "dp", "tp"))]
 
 
+@pytest.mark.slow  # ~10 s alone on 2 cores (7 examples, up to 8 simulated ranks each)
 @settings(max_examples=7, deadline=None, derandomize=True, database=None)
 @given(
     mesh=st.sampled_from(_MESHES),
