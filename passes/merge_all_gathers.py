@@ -15,7 +15,7 @@ Legality:
 1. the all_gathers are adjacent, gather the same tensor dim, over disjoint mesh
    dims, innermost first (each unshards the innermost sharding mesh dims);
 2. the product group has exactly the shard-order layout (flattened mesh of those
-   dims, or creatable under ``groups="create"``);
+   dims, or creatable under ``groups="create"``), or else condition 4 holds;
 3. uneven sizes are exact: every rank pads its piece to the largest nested
    piece, and ``unpad_nested`` keeps the valid prefix of *every* slot. (torch
    2.13's merge narrows only the tail, which returns padding in place of data
@@ -40,7 +40,8 @@ tensor)::
    (``rank_order`` is not None) and a communicator in that order is available; the
    blocks are padded to the largest nested piece, as in 3.
 
-Not done: gathers of one tensor dim that are not adjacent (reorder-collectives
+Not done: the even-size permutation as one reshape + permute (it goes through
+``unpack_blocks``' narrow + cat); gathers of one tensor dim that are not adjacent (reorder-collectives
 makes them so where they commute); gathers of different tensor dims
 (merge-gathers-across-dims).
 """
