@@ -40,8 +40,8 @@ Legality: those of raising, plus
    rank rewrites the same chains the same way and creates groups in the same order.
 
 What it does not do: raise chains through ``all_to_all_single`` or uneven shards
-(pad / narrow), though a plan using them is lowered; collectives on different root meshes, values with more than one user
-in mid-chain. Each is left as it was with a one-line reason in the result (and
+(pad / narrow), though plans using them are lowered; collectives on different
+root meshes, values with more than one user in mid-chain. Each is left as it was with a one-line reason in the result (and
 in the dump).
 """
 
