@@ -10,7 +10,7 @@ __all__ = ["format_text", "render_svg", "COLUMNS"]
 
 # (key, heading) of the three plans compared per call site.
 COLUMNS = (
-    ("torch", "torch (DTensor's plan, merge pass off)"),
+    ("torch", "torch 2.13 (its merge pass, existing groups)"),
     ("existing", "redist_opt, existing groups"),
     ("advised", "redist_opt, advised groups"),
 )
