@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from redist_opt.ir.cost import CostModel
+from redist_opt.tools.cli import main as cli_main
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "advise_gloo.py"
 
@@ -80,8 +81,8 @@ def test_advice_predicts_the_collectives_on_8_gloo_ranks(gloo_run):
     assert lines[0] in report and "CommDebugMode" in report
 
 
-@pytest.mark.slow  # shares the 8-rank run above; the CLI itself takes a few seconds
-def test_cli_advises_from_the_saved_recording(gloo_run, tmp_path):
+@pytest.mark.slow  # shares the 8-rank run above; the CLI subprocess takes 10-40 s (imports torch)
+def test_cli_advises_from_the_saved_recording(gloo_run, tmp_path, capsys):
     ex, results = gloo_run
     head = results[0]
     step = tmp_path / "step.json"
@@ -89,13 +90,16 @@ def test_cli_advises_from_the_saved_recording(gloo_run, tmp_path):
     profile = tmp_path / "nccl.json"
     CostModel.profile("nccl").save(profile)
     svg = tmp_path / "advice.svg"
+    # the installed entry point once (JSON, a profile file, the SVG) ...
     cmd = [sys.executable, "-m", "redist_opt", "advise", str(step), "--max-new-groups", "1"]
-    out = subprocess.run(cmd + ["--profile", str(profile), "--svg", str(svg)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert head["flatten_lines"][0] in out.stdout and "torch 2.13" in out.stdout
-    assert svg.read_text().startswith("<?xml") and svg.read_text().count('class="advised"') >= 2
-    out = subprocess.run(cmd + ["--profile", "nccl", "--format", "json"], capture_output=True, text=True)
+    out = subprocess.run(cmd + ["--profile", str(profile), "--format", "json", "--svg", str(svg)],
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert [g["code"] for g in data["groups"]] == head["flatten_lines"]
     assert data["total"] == head["advice"]["total"] and data["sites"] == head["advice"]["sites"]
+    assert svg.read_text().startswith("<?xml") and svg.read_text().count('class="advised"') == len(data["sites"]) + 1
+    # ... and the text report in-process (a built-in profile name)
+    assert cli_main(["advise", str(step), "--max-new-groups", "1", "--profile", "nccl"]) == 0
+    text = capsys.readouterr().out
+    assert head["flatten_lines"][0] in text and "torch 2.13" in text and text == head["advice_text"]
