@@ -14,7 +14,8 @@ reduced by redistributing them to the parameters' placements):
 3. every rank runs the printed ``_flatten`` line(s) on its mesh;
 4. under ``redist_opt.enabled(groups="existing")``, its step 1 recorded again, so
    rank 0 also models torch with the new group (``advise(0)``'s "torch" column);
-5. torch alone again (its merge pass now finds the new group).
+5. torch alone again: its merge pass now finds the new group (the advice's
+   "torch 2.13 alone, advised groups" column).
 
 Collectives per step are counted twice, by ``CommDebugMode`` and by a c10d dispatch
 counter (:class:`~redist_opt.tools.step_bench.wire.WireCounter`), on every rank. The
@@ -171,16 +172,13 @@ RUNS = (
     ("torch", "torch alone (its merge pass on), no new group", ("total", "torch")),
     ("existing", "redist_opt, existing groups (recorded)", ("total", "existing")),
     ("advised", "redist_opt, after the advised _flatten", ("total", "advised")),
-    ("torch_with_group", "torch alone, after the advised _flatten", None),
+    ("torch_with_group", "torch alone, after the advised _flatten", ("total", "torch_advised")),
 )
 
 
 def predicted(results: list[dict], run_name: str) -> int:
-    """The collectives per step the advice (or, for torch with the new group, the
-    re-recorded step's "torch" column) predicts for ``run_name``."""
+    """The collectives per step the advice predicts for ``run_name``."""
     head = results[0]
-    if run_name == "torch_with_group":
-        return head["torch_with_group_modelled"]["collectives"]
     key = dict((r, p) for r, _, p in RUNS)[run_name][1]
     return head["advice"]["total"][key]["collectives"]
 

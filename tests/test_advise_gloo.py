@@ -71,8 +71,10 @@ def test_advice_predicts_the_collectives_on_8_gloo_ranks(gloo_run):
         assert set(debug) == {ex.predicted(results, run)}, (run, debug, ex.predicted(results, run))
     total = head["advice"]["total"]
     assert total["advised"]["collectives"] < total["existing"]["collectives"] <= total["torch"]["collectives"]
-    # the new group also lets torch's own merge pass merge (the advice's model of it)
+    # the new group also lets torch's own merge pass merge (the advice's model of it),
+    # as the step recorded again after creating it says too
     assert ex.predicted(results, "torch_with_group") < total["torch"]["collectives"]
+    assert head["torch_with_group_modelled"]["collectives"] == total["torch_advised"]["collectives"]
 
     agree = ex.loss_agreement(results)
     assert agree["max_rel_diff"] <= 1e-6, agree

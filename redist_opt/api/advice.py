@@ -202,11 +202,12 @@ class _Planner:
         extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[mesh])}, key=str)
         return self.specs[mesh].with_flattened(extra) if extra else self.specs[mesh]
 
-    def torch_plan(self, i: int):
+    def torch_plan(self, i: int, chosen: Iterable[Candidate] = ()):
         """torch 2.13's shipped plan of entry ``i`` (its merge pass on, the groups it
-        finds), or None (not plannable)."""
+        finds, ``chosen`` created with ``_flatten``), or None (not plannable)."""
         e = self.entries[i]
-        naive = self._naive(e, self.torch_specs[e["mesh"]])
+        extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[e["mesh"]])}, key=str)
+        naive = self._naive(e, self.torch_specs[e["mesh"]].with_flattened(extra))
         return None if naive is None else torch_merged_plan(naive)
 
     def plans(self, i: int, chosen: Iterable[Candidate]):
@@ -314,8 +315,8 @@ def advise(
     """The best set of at most ``max_new_groups`` new flattened groups for a recorded step
     (``Recording.meshes`` / ``.redistributions``), with per-site collectives, bytes and
     modelled time per step: torch (what torch 2.13 ships: DTensor's plan after its merge
-    pass, given the root's flattened meshes), with the existing groups, and with the
-    advised groups."""
+    pass, given the root's flattened meshes), with the existing groups, with the
+    advised groups, and torch alone with the advised groups (``"torch_advised"``)."""
     if max_new_groups < 0:
         raise RedistributeError(f"max_new_groups={max_new_groups} must be >= 0")
     planner = _Planner(list(meshes), list(entries), cost, cost_source)
@@ -347,9 +348,10 @@ def _candidate_dict(planner: _Planner, c: Candidate) -> dict:
 
 
 def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
-    """Per call site and in total: torch / existing groups / advised groups."""
+    """Per call site and in total: torch / existing groups / advised groups / torch alone
+    with the advised groups (its merge pass finds them too)."""
     sites: dict[str, dict] = {}
-    totals = {k: _Row() for k in ("torch", "existing", "advised")}
+    totals = {k: _Row() for k in ("torch", "existing", "advised", "torch_advised")}
     for i, e in enumerate(planner.entries):
         label = e["site"]["label"]
         site = sites.setdefault(label, {"site": label, "calls": 0, "redistributions": [], "rows": None})
@@ -363,9 +365,10 @@ def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
         if before is None:
             continue
         model = planner.models[e["mesh"]][0]
-        shipped = planner.torch_plan(i)
-        shipped = before[0] if shipped is None else shipped
-        for key, plan in (("torch", shipped), ("existing", before[1]), ("advised", after[1])):
+        shipped = [planner.torch_plan(i, groups) for groups in ((), chosen)]
+        shipped = [before[0] if plan is None else plan for plan in shipped]
+        pairs = (("torch", shipped[0]), ("existing", before[1]), ("advised", after[1]), ("torch_advised", shipped[1]))
+        for key, plan in pairs:
             rows[key].add(plan, model, e["count"])
             totals[key].add(plan, model, e["count"])
     creation = sum(planner.creation_time(c) for c in chosen)
