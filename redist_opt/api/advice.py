@@ -66,13 +66,25 @@ def layout_of(data) -> L.FlatLayout:
     return L.FlatLayout(tuple(int(s) for s in shape), tuple(int(s) for s in stride))
 
 
+def _torch_layouts_of_record(mesh: dict) -> tuple | None:
+    """Layouts of the root's ``_flatten`` meshes, the groups torch's merge pass finds
+    (None for recordings without their layouts: every existing group)."""
+    flattened = mesh.get("flattened") or []
+    if not all("layout" in f for f in flattened):
+        return None
+    return tuple(layout_of(f["layout"]) for f in flattened)
+
+
 def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
-    """The rank-free MeshSpec of a recorded mesh, with ``extra_layouts`` also flattened."""
+    """The rank-free MeshSpec of a recorded mesh, with ``extra_layouts`` also flattened
+    (created as ``_flatten`` meshes, so torch's merge pass finds them too)."""
     existing = [layout_of(x) for x in mesh["existing"]]
+    torch_layouts = _torch_layouts_of_record(mesh)
     return MeshSpec(
         sizes=tuple(mesh["sizes"]),
         names=None if mesh["names"] is None else tuple(mesh["names"]),
         flattened=tuple(existing) + tuple(extra_layouts),
+        torch_flattened=None if torch_layouts is None else torch_layouts + tuple(extra_layouts),
         dim_layouts=tuple(layout_of(x) for x in mesh["dim_layouts"]),
         index_space=int(mesh["index_space"]),
         backend=mesh.get("backend"),
@@ -81,13 +93,10 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
 
 
 def torch_spec_of_record(mesh: dict) -> MeshSpec:
-    """The MeshSpec torch's merge pass sees: only the root's flattened meshes exist
-    (recordings without their layouts: every existing group)."""
+    """The MeshSpec torch's merge pass sees: only the root's flattened meshes exist."""
     spec = mesh_spec_of_record(mesh)
-    flattened = mesh.get("flattened") or []
-    if not all("layout" in f for f in flattened):
-        return spec
-    return dataclasses.replace(spec, flattened=tuple(layout_of(f["layout"]) for f in flattened))
+    torch_layouts = _torch_layouts_of_record(mesh)
+    return spec if torch_layouts is None else dataclasses.replace(spec, flattened=torch_layouts)
 
 
 def _layout_json(layout) -> list:
