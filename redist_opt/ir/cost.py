@@ -11,6 +11,9 @@ Interface used by the passes (keep it stable):
         group: MeshGroup; nbytes: bytes each rank feeds in; mesh: MeshSpec
     model.plan_time(plan) -> seconds       # sum over the plan's collectives
     model.group_creation_time(group, mesh) -> seconds (paid once under groups="create")
+    model.fitted: ((kind, group size, link, per_call_s, per_byte_s), ...) measured by
+        `redist-opt calibrate`; a collective whose (kind, size, link) is listed costs
+        per_call + per_byte * nbytes, any other the alpha-beta formula
     resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
         # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
         # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
@@ -62,6 +65,26 @@ def _as_int(key: str, value) -> int:
     return int(value)
 
 
+def _fitted_rows(value) -> tuple:
+    """The ``fitted`` field from JSON: rows [kind, p, link, per_call_s, per_byte_s]."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"cost profile fitted={value!r} must be a list of [kind, p, link, per_call_s, per_byte_s]")
+    rows = []
+    for row in value:
+        if not isinstance(row, (list, tuple)) or len(row) != 5:
+            raise ValueError(f"cost profile fitted row {row!r} must be [kind, p, link, per_call_s, per_byte_s]")
+        kind, p, link, a, b = row
+        if kind not in KINDS:
+            raise ValueError(f"cost profile fitted row {row!r}: unknown collective kind {kind!r}")
+        if link not in ("intra", "inter"):
+            raise ValueError(f"cost profile fitted row {row!r}: link {link!r} is not intra or inter")
+        for x in (a, b):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 0 and math.isfinite(x)):
+                raise ValueError(f"cost profile fitted row {row!r}: terms must be finite numbers >= 0")
+        rows.append((kind, _as_int("fitted group size", p), link, float(a), float(b)))
+    return tuple(rows)
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     name: str = "nccl"
@@ -83,6 +106,11 @@ class CostModel:
     # The backend runs reduce_scatter as a full all_reduce plus a local slice (gloo's
     # CPU reduce_scatter measures as slow as all_reduce); `calibrate` fits this.
     reduce_scatter_as_all_reduce: bool = False
+    # Measured terms per (kind, group size, link "intra" | "inter"): rows
+    # (kind, p, link, per_call_s, per_byte_s), per byte each rank feeds in. Where
+    # calibration measured a collective, its own straight line beats the shared
+    # alpha-beta fit (gloo's all_gather and all_to_all do not scale like a ring).
+    fitted: tuple = ()
 
     @classmethod
     def default(cls) -> "CostModel":
@@ -128,7 +156,9 @@ class CostModel:
         kwargs = {}
         for key, value in data.items():
             default = fields[key].default
-            if key == "devices_per_host":
+            if key == "fitted":
+                kwargs[key] = _fitted_rows(value)
+            elif key == "devices_per_host":
                 kwargs[key] = None if value is None else _as_int(key, value)
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -149,7 +179,9 @@ class CostModel:
         return model
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["fitted"] = [list(row) for row in self.fitted]
+        return data
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -191,15 +223,19 @@ class CostModel:
             f.write("\n")
         os.replace(tmp, path)
 
-    def _link(self, group, mesh) -> tuple[float, float]:
-        """(alpha, bandwidth) of the slowest link the group spans."""
+    def link(self, group, mesh=None) -> str:
+        """"intra" when the group stays within a host, else "inter"."""
         if self.devices_per_host is None or mesh is None:
-            return self.alpha_intra, self.bw_intra
+            return "intra"
         # A group stays within a host when every mode of its layout tiles the
         # host's block of consecutive rank indices: size*stride divides it.
         if all(self.devices_per_host % (s * d) == 0 for s, d in zip(group.layout.shape, group.layout.stride)):
-            return self.alpha_intra, self.bw_intra
-        return self.alpha_inter, self.bw_inter
+            return "intra"
+        return "inter"
+
+    @functools.cached_property
+    def _fitted_index(self) -> dict:
+        return {(k, p, link): (a, b) for k, p, link, a, b in self.fitted}
 
     def collective_time(self, kind: str, group, nbytes: int, mesh=None) -> float:
         p = group.size
@@ -207,7 +243,17 @@ class CostModel:
             if kind not in KINDS:
                 raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(KINDS)})")
             return 0.0
-        alpha, bw = self._link(group, mesh)
+        return self.time_of(kind, p, self.link(group, mesh), nbytes)
+
+    def time_of(self, kind: str, p: int, link: str, nbytes: float) -> float:
+        """Seconds of one ``kind`` collective over ``p`` ranks on ``link`` ("intra" | "inter")."""
+        if p <= 1:
+            return 0.0
+        if self.fitted:
+            terms = self._fitted_index.get((kind, p, link))
+            if terms is not None:
+                return terms[0] + terms[1] * nbytes
+        alpha, bw = (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
         if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
             kind = "all_reduce"
         steps, moved = steps_and_bytes(kind, p, nbytes, self.algorithm)
