@@ -11,9 +11,10 @@ Interface used by the passes (keep it stable):
         group: MeshGroup; nbytes: bytes each rank feeds in; mesh: MeshSpec
     model.plan_time(plan) -> seconds       # sum over the plan's collectives
     model.group_creation_time(group, mesh) -> seconds (paid once under groups="create")
-    model.fitted: ((kind, group size, link, per_call_s, per_byte_s), ...) measured by
-        `redist-opt calibrate`; a collective whose (kind, size, link) is listed costs
-        per_call + per_byte * nbytes, any other the alpha-beta formula
+    model.fitted: ((kind, group size, link, up_to_nbytes, per_call_s, per_byte_s), ...)
+        measured by `redist-opt calibrate`; a collective whose (kind, size, link) is
+        listed costs per_call + per_byte * nbytes of the first row whose up_to_nbytes
+        covers nbytes (the last row beyond), any other the alpha-beta formula
     resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
         # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
         # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
@@ -66,14 +67,15 @@ def _as_int(key: str, value) -> int:
 
 
 def _fitted_rows(value) -> tuple:
-    """The ``fitted`` field from JSON: rows [kind, p, link, per_call_s, per_byte_s]."""
+    """The ``fitted`` field from JSON: rows [kind, p, link, up_to_nbytes, per_call_s, per_byte_s]."""
+    shape = "[kind, p, link, up_to_nbytes, per_call_s, per_byte_s]"
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"cost profile fitted={value!r} must be a list of [kind, p, link, per_call_s, per_byte_s]")
+        raise ValueError(f"cost profile fitted={value!r} must be a list of {shape}")
     rows = []
     for row in value:
-        if not isinstance(row, (list, tuple)) or len(row) != 5:
-            raise ValueError(f"cost profile fitted row {row!r} must be [kind, p, link, per_call_s, per_byte_s]")
-        kind, p, link, a, b = row
+        if not isinstance(row, (list, tuple)) or len(row) != 6:
+            raise ValueError(f"cost profile fitted row {row!r} must be {shape}")
+        kind, p, link, up_to, a, b = row
         if kind not in KINDS:
             raise ValueError(f"cost profile fitted row {row!r}: unknown collective kind {kind!r}")
         if link not in ("intra", "inter"):
@@ -81,7 +83,8 @@ def _fitted_rows(value) -> tuple:
         for x in (a, b):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 0 and math.isfinite(x)):
                 raise ValueError(f"cost profile fitted row {row!r}: terms must be finite numbers >= 0")
-        rows.append((kind, _as_int("fitted group size", p), link, float(a), float(b)))
+        rows.append((kind, _as_int("fitted group size", p), link, _as_int("fitted up_to_nbytes", up_to),
+                     float(a), float(b)))  # fmt: skip
     return tuple(rows)
 
 
@@ -106,10 +109,11 @@ class CostModel:
     # The backend runs reduce_scatter as a full all_reduce plus a local slice (gloo's
     # CPU reduce_scatter measures as slow as all_reduce); `calibrate` fits this.
     reduce_scatter_as_all_reduce: bool = False
-    # Measured terms per (kind, group size, link "intra" | "inter"): rows
-    # (kind, p, link, per_call_s, per_byte_s), per byte each rank feeds in. Where
-    # calibration measured a collective, its own straight line beats the shared
-    # alpha-beta fit (gloo's all_gather and all_to_all do not scale like a ring).
+    # Measured terms per (kind, group size, link "intra" | "inter") and size range:
+    # rows (kind, p, link, up_to_nbytes, per_call_s, per_byte_s), per byte each rank
+    # feeds in. Where calibration measured a collective, its own piecewise line beats
+    # the shared alpha-beta fit (gloo's all_gather and all_to_all do not scale like a
+    # ring, and a scalar all_reduce leaves most of the ring idle).
     fitted: tuple = ()
 
     @classmethod
@@ -235,7 +239,11 @@ class CostModel:
 
     @functools.cached_property
     def _fitted_index(self) -> dict:
-        return {(k, p, link): (a, b) for k, p, link, a, b in self.fitted}
+        """(kind, p, link) -> [(up_to_nbytes, per_call, per_byte), ...] by size."""
+        index: dict = {}
+        for k, p, link, up_to, a, b in self.fitted:
+            index.setdefault((k, p, link), []).append((up_to, a, b))
+        return {key: sorted(rows) for key, rows in index.items()}
 
     def collective_time(self, kind: str, group, nbytes: int, mesh=None) -> float:
         p = group.size
@@ -250,9 +258,10 @@ class CostModel:
         if p <= 1:
             return 0.0
         if self.fitted:
-            terms = self._fitted_index.get((kind, p, link))
-            if terms is not None:
-                return terms[0] + terms[1] * nbytes
+            segments = self._fitted_index.get((kind, p, link))
+            if segments is not None:
+                _, a, b = next((seg for seg in segments if nbytes <= seg[0]), segments[-1])
+                return a + b * nbytes
         alpha, bw = (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
         if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
             kind = "all_reduce"

@@ -36,12 +36,17 @@ from redist_opt.tools.units import format_size, parse_sizes
 
 __all__ = ["calibrate", "measure_collectives", "fit_per_kind", "fit_profile", "summarize", "fit_alpha_beta", "FitResult", "format_calibration", "DEFAULT_CALIBRATE_SIZES"]
 
-DEFAULT_CALIBRATE_SIZES = "1KiB..4MiB*4"
+# 4 bytes is a loss or grad-norm scalar: gloo's ring leaves most chunks empty there,
+# so it does not lie on the line through the larger sizes.
+DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
 
 
 def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: int, warmup: int) -> dict:
     """One spawned gloo rank of the local mode: CPU tensors, the wall clock, one host."""
     return measure_collectives(mesh_sizes, names, sizes, iters, warmup)
+
+
+_SPLITTING = ("reduce_scatter", "all_to_all")
 
 
 def _op(kind: str, x: torch.Tensor, pg) -> Callable:
@@ -118,29 +123,47 @@ def measure_collectives(
     out = []
     for label, p, link, dims, pg in labelled:
         for nbytes in sizes:
-            numel = max(p, nbytes // 4 // p * p)  # float32, divisible by the group size
-            x = torch.randn(numel, device=device)
-            samples = timed_samples([_op(kind, x, pg) for kind in KINDS], iters, warmup, clock)
-            for kind, s in zip(KINDS, samples):
+            # float32; reduce_scatter and all_to_all split it, so divisible by the group size.
+            numels = [max(p, nbytes // 4 // p * p) if kind in _SPLITTING else max(1, nbytes // 4) for kind in KINDS]
+            xs = {n: torch.randn(n, device=device) for n in set(numels)}
+            samples = timed_samples([_op(k, xs[n], pg) for k, n in zip(KINDS, numels)], iters, warmup, clock)
+            for kind, numel, s in zip(KINDS, numels, samples):
                 out.append(dict(kind=kind, group=label, dims=None if dims is None else list(dims), p=p,
                                 link=link, nbytes=numel * 4, samples=s))  # fmt: skip
     return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
 
 
+def _monotone(ys: Sequence[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators): a bigger message never
+    takes less time, so a dip between neighbouring sizes is noise."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
 def fit_per_kind(measurements: Sequence[dict]) -> tuple:
-    """``CostModel.fitted`` rows: per (kind, group size, link), the per-call and per-byte
-    terms of ``t = per_call + per_byte * nbytes`` (non-negative, relative least squares)
-    over the sizes measured; points with fewer than 2 sizes get no row."""
-    by_key: dict[tuple, list[dict]] = {}
+    """``CostModel.fitted`` rows: per (kind, group size, link), the measured medians made
+    non-decreasing in size, then one ``t = per_call + per_byte * nbytes`` segment between
+    each two neighbouring sizes, valid up to the larger (the last one beyond it too).
+    A linear fit over the whole range misses small sizes: on gloo a 4-byte all_reduce
+    over 8 ranks takes a third of a 1 KiB one. Points with one size get no row."""
+    by_key: dict[tuple, dict[int, float]] = {}
     for m in measurements:
         if m["p"] > 1:
-            by_key.setdefault((m["kind"], m["p"], m.get("link", "intra")), []).append(m)
+            by_key.setdefault((m["kind"], m["p"], m.get("link", "intra")), {})[m["nbytes"]] = m["time"]
     rows = []
-    for (kind, p, link), ms in sorted(by_key.items()):
-        if len({m["nbytes"] for m in ms}) < 2:
+    for (kind, p, link), points in sorted(by_key.items()):
+        sizes = sorted(points)
+        if len(sizes) < 2:
             continue
-        (per_call, per_gb), _ = _nnls([[1.0 / m["time"], m["nbytes"] * 1e-9 / m["time"]] for m in ms], [1.0] * len(ms))
-        rows.append((kind, p, link, per_call, per_gb * 1e-9))
+        times = _monotone([points[n] for n in sizes])
+        for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
+            per_byte = (t1 - t0) / (n1 - n0)
+            rows.append((kind, p, link, n1, max(0.0, t0 - per_byte * n0), per_byte))
     return tuple(rows)
 
 
@@ -245,12 +268,14 @@ def fit_alpha_beta(
     )
 
 
-def validate_request(nprocs: int, mesh_sizes: Sequence[int], names: Sequence[str] | None) -> tuple:
-    """(mesh sizes, names) checked against the rank count; ValueError names the problem."""
+def validate_request(nprocs: int, mesh_sizes: Sequence[int], names: Sequence[str] | None,
+                     count: str = "--nprocs") -> tuple:
+    """(mesh sizes, names) checked against the rank count (``count`` names where it came
+    from); ValueError names the problem."""
     mesh_sizes = tuple(int(s) for s in mesh_sizes)
     names = tuple(names or (f"d{i}" for i in range(len(mesh_sizes))))
     if math.prod(mesh_sizes) != nprocs:
-        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but there are {nprocs} ranks")
+        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but {count} is {nprocs}")
     if all(s == 1 for s in mesh_sizes):
         raise ValueError(f"mesh {mesh_sizes} has no dim with 2+ ranks: nothing to measure")
     return mesh_sizes, names
@@ -361,8 +386,8 @@ def format_calibration(model: CostModel, record: dict) -> str:
         f"{model.reduce_scatter_as_all_reduce}",
         f"  launch={model.launch * 1e6:.1f} us  alpha={model.alpha_intra * 1e6:.1f} us/step  "
         f"bandwidth={model.bw_intra / 1e9:.3f} GB/s  create_group={model.create_group * 1e3:.1f} ms",
-        f"  per-call + per-byte terms fitted for {len(model.fitted)} (collective, group size, link) "
-        f"lines (devices_per_host={model.devices_per_host}); the modelled tables below use them",
+        f"  per-call + per-byte terms fitted for {len({r[:3] for r in model.fitted})} (collective, group size, "
+        f"link) curves (devices_per_host={model.devices_per_host}); the modelled tables below use them",
     ]
     rows: dict[tuple, dict[int, dict]] = {}
     for m in record["measurements"]:

@@ -95,7 +95,7 @@ def calibrate_launched(
 
     ``mesh_sizes`` default: the 1-D world. ``choice`` overrides :func:`select_device`.
     """
-    mesh_sizes, names = validate_request(launch.world, mesh_sizes or (launch.world,), names)
+    mesh_sizes, names = validate_request(launch.world, mesh_sizes or (launch.world,), names, "WORLD_SIZE")
     choice = choice or select_device(launch.local_rank)
     t0 = time.perf_counter()
     owned = _init(launch, choice, timeout)
