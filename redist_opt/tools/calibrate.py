@@ -121,15 +121,19 @@ def measure_collectives(
                 for label, dims, pg in groups]  # fmt: skip
     labelled += [(label, p, link, None, pg) for label, p, link, pg in _host_groups(world, devices_per_host)]
     out = []
-    for label, p, link, dims, pg in labelled:
-        for nbytes in sizes:
-            # float32; reduce_scatter and all_to_all split it, so divisible by the group size.
-            numels = [max(p, nbytes // 4 // p * p) if kind in _SPLITTING else max(1, nbytes // 4) for kind in KINDS]
-            xs = {n: torch.randn(n, device=device) for n in set(numels)}
-            samples = timed_samples([_op(k, xs[n], pg) for k, n in zip(KINDS, numels)], iters, warmup, clock)
-            for kind, numel, s in zip(KINDS, numels, samples):
-                out.append(dict(kind=kind, group=label, dims=None if dims is None else list(dims), p=p,
-                                link=link, nbytes=numel * 4, samples=s))  # fmt: skip
+    for nbytes in sizes:
+        # Every group's collectives of one size interleaved: load that drifts over the
+        # run hits every group size alike, so their ratios (what plans are chosen by) hold.
+        points, fns = [], []
+        for label, p, link, dims, pg in labelled:
+            for kind in KINDS:
+                # float32; reduce_scatter and all_to_all split it, so divisible by the group size.
+                numel = max(p, nbytes // 4 // p * p) if kind in _SPLITTING else max(1, nbytes // 4)
+                fns.append(_op(kind, torch.randn(numel, device=device), pg))
+                points.append(dict(kind=kind, group=label, dims=None if dims is None else list(dims), p=p,
+                                   link=link, nbytes=numel * 4))  # fmt: skip
+        for point, s in zip(points, timed_samples(fns, iters, warmup, clock)):
+            out.append(point | {"samples": s})
     return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
 
 
@@ -151,20 +155,33 @@ def fit_per_kind(measurements: Sequence[dict]) -> tuple:
     each two neighbouring sizes, valid up to the larger (the last one beyond it too).
     A linear fit over the whole range misses small sizes: on gloo a 4-byte all_reduce
     over 8 ranks takes a third of a 1 KiB one. Points with one size get no row."""
-    by_key: dict[tuple, dict[int, float]] = {}
+    by_key: dict[tuple, dict[int, list[float]]] = {}
     for m in measurements:
         if m["p"] > 1:
-            by_key.setdefault((m["kind"], m["p"], m.get("link", "intra")), {})[m["nbytes"]] = m["time"]
+            key = (m["kind"], m["p"], m.get("link", "intra"))
+            by_key.setdefault(key, {}).setdefault(m["nbytes"], []).append(m["time"])
     rows = []
     for (kind, p, link), points in sorted(by_key.items()):
         sizes = sorted(points)
         if len(sizes) < 2:
             continue
-        times = _monotone([points[n] for n in sizes])
+        # Groups of one size and link (a 2x2x2 mesh's three dims) share a curve: their mean.
+        times = _monotone([statistics.fmean(points[n]) for n in sizes])
         for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
             per_byte = (t1 - t0) / (n1 - n0)
             rows.append((kind, p, link, n1, max(0.0, t0 - per_byte * n0), per_byte))
+        # Beyond the largest size: the slope over the largest three sizes (one
+        # neighbouring pair is too noisy to extrapolate by orders of magnitude).
+        top_n, top_t = sizes[-3:], times[-3:]
+        mean_n, mean_t = statistics.fmean(top_n), statistics.fmean(top_t)
+        var = sum((n - mean_n) ** 2 for n in top_n)
+        per_byte = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in zip(top_n, top_t)) / var)
+        rows.append((kind, p, link, BEYOND, max(0.0, top_t[-1] - per_byte * top_n[-1]), per_byte))
     return tuple(rows)
+
+
+# The ``up_to_nbytes`` of the segment that extrapolates past the largest measured size.
+BEYOND = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True)
