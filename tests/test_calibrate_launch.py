@@ -254,3 +254,24 @@ def test_torchrun_calibrate_writes_a_profile_bench_loads(tmp_path):
     cal = json.loads(out.read_text())["calibration"]
     assert cal["mesh"]["sizes"] == [2] and cal["nprocs"] == 2 and model.devices_per_host is None
     assert main(["bench", "--part", "planning", "--plan-runs", "2", "--profile", str(out)]) == 0
+
+
+def test_unmeasured_group_sizes_interpolate_between_measured_curves():
+    rows = fit_per_kind(_line("all_reduce", 2, "intra", 1e-3, 0.0) + _line("all_reduce", 8, "intra", 4e-3, 0.0))
+    model = CostModel(fitted=rows)
+    assert model.time_of("all_reduce", 4, "intra", 1024) == pytest.approx(2e-3)  # between 2 and 8
+    assert model.time_of("all_reduce", 14, "intra", 1024) == pytest.approx(7e-3)  # past 8: the same slope
+    # A kind never measured on that link: the alpha-beta formula.
+    assert model.time_of("all_gather", 4, "intra", 1024) == CostModel().time_of("all_gather", 4, "intra", 1024)
+
+
+def test_builtin_gloo_is_measured_and_gloo_ring_is_the_textbook_model():
+    gloo, ring = CostModel.profile("gloo"), CostModel.profile("gloo-ring")
+    assert gloo.fitted and not ring.fitted and ring.algorithm == "ring"
+    spec = MeshSpec(sizes=(2, 2, 2), names=("a", "b", "c"))
+    world, pairs = spec.group((0, 1, 2)), [spec.group((d,)) for d in range(3)]
+    # The loss reduction: one scalar all_reduce over 8 ranks against three over pairs.
+    merged = gloo.collective_time("all_reduce", world, 4, spec)
+    assert merged < sum(gloo.collective_time("all_reduce", g, 4, spec) for g in pairs)
+    assert ring.collective_time("all_reduce", world, 4, spec) > sum(
+        ring.collective_time("all_reduce", g, 4, spec) for g in pairs)

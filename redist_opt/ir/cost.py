@@ -28,6 +28,8 @@ import json
 import math
 import os
 
+from redist_opt.ir import gloo_measured
+
 __all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile"]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
@@ -125,10 +127,29 @@ class CostModel:
         if name == "nccl":
             return cls()
         if name == "gloo":
-            # Measured order of magnitude on this CPU (8 processes, 2 cores):
-            # ring algorithms, high per-step latency, memory-bound bandwidth.
+            # Measured with `redist-opt calibrate` on 8 gloo ranks of this 2-core machine
+            # (ir/gloo_measured.py): per-call + per-byte curves per collective and group
+            # size, alpha-beta terms for the rest. The textbook ring model below
+            # ("gloo-ring") split a loss all_reduce in two where one was measured faster.
+            ab = gloo_measured.ALPHA_BETA
             return cls(
                 name="gloo",
+                launch=ab["launch"],
+                alpha_intra=ab["alpha"],
+                alpha_inter=ab["alpha"],
+                bw_intra=ab["bw"],
+                bw_inter=ab["bw"],
+                devices_per_host=None,
+                algorithm=ab["algorithm"],
+                create_group=ab["create_group"],
+                reduce_scatter_as_all_reduce=True,
+                fitted=gloo_measured.FITTED,
+            )
+        if name == "gloo-ring":
+            # The previous gloo profile: ring algorithms, per-step latency above the
+            # launch cost, memory-bound bandwidth (kept as a high-latency ring model).
+            return cls(
+                name="gloo-ring",
                 launch=30e-6,
                 alpha_intra=60e-6,
                 alpha_inter=60e-6,
@@ -137,11 +158,9 @@ class CostModel:
                 devices_per_host=None,
                 algorithm="ring",
                 create_group=20e-3,
-                # Measured by `redist-opt calibrate`: gloo's reduce_scatter costs
-                # about as much as its all_reduce.
                 reduce_scatter_as_all_reduce=True,
             )
-        raise ValueError(f"unknown cost profile {name!r} (known: nccl, gloo)")
+        raise ValueError(f"unknown cost profile {name!r} (known: {', '.join(BUILTIN_PROFILES)})")
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
@@ -237,6 +256,30 @@ class CostModel:
             return "intra"
         return "inter"
 
+    def _fitted_time(self, kind: str, p: int, link: str, nbytes: float) -> float | None:
+        """The measured curve's time; for a group size between (or past) the measured
+        ones, linear in the group size between the two nearest; None when ``kind`` was
+        not measured on ``link``."""
+        index = self._fitted_index
+
+        def at(size: int) -> float:
+            segments = index[(kind, size, link)]
+            _, a, b = next((seg for seg in segments if nbytes <= seg[0]), segments[-1])
+            return a + b * nbytes
+
+        if (kind, p, link) in index:
+            return at(p)
+        sizes = sorted(q for k, q, ln in index if k == kind and ln == link)
+        if not sizes:
+            return None
+        if len(sizes) == 1:
+            return at(sizes[0])
+        below = [q for q in sizes if q < p]
+        lo, hi = (below[-1], next(q for q in sizes if q > p)) if below and p < sizes[-1] else (
+            (sizes[0], sizes[1]) if not below else (sizes[-2], sizes[-1]))
+        t_lo, t_hi = at(lo), at(hi)
+        return max(0.0, t_lo + (t_hi - t_lo) * (p - lo) / (hi - lo))
+
     @functools.cached_property
     def _fitted_index(self) -> dict:
         """(kind, p, link) -> [(up_to_nbytes, per_call, per_byte), ...] by size."""
@@ -258,10 +301,9 @@ class CostModel:
         if p <= 1:
             return 0.0
         if self.fitted:
-            segments = self._fitted_index.get((kind, p, link))
-            if segments is not None:
-                _, a, b = next((seg for seg in segments if nbytes <= seg[0]), segments[-1])
-                return a + b * nbytes
+            measured = self._fitted_time(kind, p, link, nbytes)
+            if measured is not None:
+                return measured
         alpha, bw = (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
         if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
             kind = "all_reduce"
@@ -282,7 +324,7 @@ class CostModel:
 # Names a cost profile for every plan optimized without ``cost=``: a JSON file
 # written by ``redist-opt calibrate`` (or ``CostModel.save``), or a built-in name.
 PROFILE_ENV = "REDIST_OPT_COST_PROFILE"
-BUILTIN_PROFILES = ("nccl", "gloo")
+BUILTIN_PROFILES = ("nccl", "gloo", "gloo-ring")
 
 
 def backend_profile(backend: str | None) -> str:
