@@ -33,6 +33,8 @@ def run_config(
     # Hand-back warnings are captured per call (wire.TransitionLog); not logged 8 times over.
     logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="DTensor random operators")
+    # torch's own deprecation notice, raised by an isinstance check inside torch, once per rank
+    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
     out = {"rank": rank, "stubbed": stubbed, "modes": {}}
     for mode in modes:
         try:
