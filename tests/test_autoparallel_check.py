@@ -78,7 +78,7 @@ def test_report_of_a_result():
     builds = {"torch": {"graphs": graphs({"all_gather": 2})}}
     for b in BUILDS[1:]:
         builds[b] = {"graphs": graphs({"all_gather": 1}), "compare": {"bitwise": True, "max_abs_diff": 0.0}}
-        if b.startswith("enabled"):
+        if b == "enabled":
             builds[b].update(routed_calls=3, torch_only={}, binding_routed=True)
     result = {"setting": "gloo", "backend": "gloo", "mesh": [2, 2], "groups": "existing",
               "dims": {"batch": 2, "seq": 8, "nheads": 4, "dim": 32, "dtype": "float32"},
@@ -113,7 +113,8 @@ def test_autoparallel_block_on_gloo_ranks():
         for build in BUILDS[1:]:
             compare = rank["builds"][build]["compare"]
             assert compare["max_abs_diff"] <= 1e-4, (build, compare["diffs"])
-    # With the min-cost planner not forced, redist_opt plans autoparallel's calls itself.
-    unforced = result["ranks"][0]["builds"]["enabled_unforced"]
-    assert sum(unforced["torch_only"].values()) < unforced["routed_calls"]
+    # autoparallel lowers under use_min_cost_redistribution_plan(); redist_opt plans those calls itself.
+    routed = result["ranks"][0]["builds"]["enabled"]
+    assert sum(routed["torch_only"].values()) < routed["routed_calls"]
+    assert not any("use_min_cost_redistribution_plan" in reason for reason in routed["torch_only"])
 

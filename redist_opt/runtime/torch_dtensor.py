@@ -315,7 +315,9 @@ def spec_with_dtype(spec: DTensorSpec, dtensor, dtype: torch.dtype) -> DTensorSp
 
 def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None:
     """Why torch plans this in a way we do not lower. (A ``_StridedShard`` read as a
-    shard order, the default, is lowered: ``redist_opt.ir.strided``.)"""
+    shard order, the default, is lowered: ``redist_opt.ir.strided``.) Calls under
+    ``use_min_cost_redistribution_plan()`` are ours: the flag only picks between torch's
+    greedy and graph-based planners, which agree for default shard orders."""
     for spec, role in ((current, "source"), (target, "target")):
         if spec.shard_order is None:  # _StridedShard encodes the order (use_strided_shard_as_shard_order)
             continue
@@ -323,8 +325,6 @@ def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None
             return f"{role} treats _StridedShard as a plain shard (use_strided_shard_as_shard_order=False)"
         if not DTensorSpec.is_default_device_order(spec.shard_order):
             return f"{role} has a non-default shard order (planned by torch's graph-based planner)"
-    if _torch_redistribute._FORCE_MIN_COST_REDISTRIBUTION_PLAN:
-        return "torch's min-cost planner is forced (use_min_cost_redistribution_plan)"
     return None
 
 

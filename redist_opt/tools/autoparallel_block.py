@@ -8,7 +8,7 @@ without it. Its example script runs a 256-rank CUDA job at import, so the
 ``examples/example_autoparallel.py`` by its syntax tree: the classes, functions
 and ``context_fn`` are executed, the script's top-level run is not.
 
-Four builds of the same model on the same mesh (one ILP solution each; the
+Three builds of the same model on the same mesh (one ILP solution each; the
 solver is deterministic, and the runner checks that every build placed the
 parameters the same way):
 
@@ -17,11 +17,8 @@ parameters the same way):
 - ``enabled``: ``compiler_fn`` and ``enabled()`` around the ``AutoParallel``
   block: autoparallel's by-name binding of ``redistribute_local_tensor`` is routed
   (calls counted). autoparallel lowers its graph inside torch's
-  ``use_min_cost_redistribution_plan()``, which redist_opt's routing honours by
-  handing those calls back to torch (README: graph-based planner placements);
-- ``enabled_unforced``: as ``enabled``, with autoparallel's module-level name
-  ``use_min_cost_redistribution_plan`` replaced by a no-op for the build (the
-  runner's patch, not autoparallel's code): redist_opt plans those calls.
+  ``use_min_cost_redistribution_plan()``; with default shard orders redist_opt plans
+  those calls too (the flag only picks between torch's own two planners).
 
 Each graph autoparallel compiles (training forward, training backward, inference
 forward) is counted before and after the pass, with the pass's reasons for what it
@@ -48,7 +45,7 @@ from redist_opt.graph_pass import compiler_fn, count_collectives
 
 __all__ = ["BlockDims", "BUILDS", "example_path", "load_block", "cpu_device_limit", "check_rank"]
 
-BUILDS = ("torch", "pass", "enabled", "enabled_unforced")
+BUILDS = ("torch", "pass", "enabled")
 
 EXAMPLE_ENV = "REDIST_OPT_AUTOPARALLEL_EXAMPLE"
 EXAMPLE_MODULE = "autoparallel_example_block"  # the module Block is loaded as
@@ -179,20 +176,6 @@ class RoutedCalls:
             raise AssertionError("enabled() left autoparallel's binding routed after the block")
 
 
-@contextlib.contextmanager
-def _min_cost_planner_unforced():
-    """autoparallel's ``apply_sharding`` module calls ``use_min_cost_redistribution_plan()``
-    by its module global; within the block that name is a no-op."""
-    from autoparallel import apply_sharding
-
-    previous = apply_sharding.use_min_cost_redistribution_plan
-    apply_sharding.use_min_cost_redistribution_plan = lambda enabled=True: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        apply_sharding.use_min_cost_redistribution_plan = previous
-
-
 def _build(block_cls, mesh, dims: BlockDims, build: str, groups: str):
     """The parallel module of one build, its GraphLog and RoutedCalls (or None)."""
     from autoparallel.api import AutoParallel
@@ -207,9 +190,8 @@ def _build(block_cls, mesh, dims: BlockDims, build: str, groups: str):
     def input_fn():
         return torch.rand(dims.batch * mesh.shape[0], dims.seq, dims.dim)
 
-    routed = RoutedCalls() if build.startswith("enabled") else None
-    unforce = _min_cost_planner_unforced() if build == "enabled_unforced" else contextlib.nullcontext()
-    with unforce, routed.active(groups) if routed else contextlib.nullcontext():
+    routed = RoutedCalls() if build == "enabled" else None
+    with routed.active(groups) if routed else contextlib.nullcontext():
         with AutoParallel(model, input_fn, mesh, mp) as autop:
             autop.add_parameter_memory_constraint(low=None, high=None)
             io = (Shard(0),) + (Replicate(),) * (mesh.ndim - 1)

@@ -1,8 +1,7 @@
 """``redist-opt bench --part autoparallel``: autoparallel's example ``Block`` with redist_opt.
 
-Runs :mod:`redist_opt.tools.autoparallel_block` (four builds: autoparallel as
-shipped, ``compiler_fn`` only, ``enabled()`` + ``compiler_fn``, and the same with
-autoparallel's forced min-cost planner lifted) in two settings:
+Runs :mod:`redist_opt.tools.autoparallel_block` (three builds: autoparallel as
+shipped, ``compiler_fn`` only, ``enabled()`` + ``compiler_fn``) in two settings:
 
 - ``fake``: one process in a fake process group (rank 0 of 8) on a 2x4 (dp, tp)
   mesh, the example's sizes (dim 6144, bf16 parameters); graphs only (fake
@@ -52,7 +51,6 @@ BUILD_TITLES = {
     "torch": "autoparallel as shipped",
     "pass": "compiler_fn only",
     "enabled": "enabled() + compiler_fn",
-    "enabled_unforced": "enabled() + compiler_fn, min-cost planner not forced",
 }
 
 
