@@ -45,7 +45,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api.recording import Recording
 from redist_opt.debug.svg import write_text
-from redist_opt.ir.cost import CostModel
+from redist_opt.ir.cost import PROFILE_ENV, CostModel
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.step_bench.wire import WireCounter
 
@@ -132,6 +132,9 @@ def _merged_on_rank0(record: dict) -> Recording | None:
 def _rank(rank: int, world: int, max_new_groups: int, profile: str) -> dict:
     # CommDebugMode's module hooks warn that no input requires grad: true, and no news
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    # The runs plan with the profile the advice prices them with (the gloo ranks stand
+    # in for the job the advice is for), so the prediction is of the plans that run.
+    os.environ[PROFILE_ENV] = profile
     mesh = build_mesh(world)
     runs = {"torch": _run_steps(mesh, [contextlib.nullcontext] * STEPS)}
     runs["existing"] = _run_steps(mesh, [redist_opt.record] + [redist_opt.enabled] * (STEPS - 1))
@@ -156,7 +159,7 @@ def _rank(rank: int, world: int, max_new_groups: int, profile: str) -> dict:
         out["advice_text"] = str(advice)
         out["advice_svg"] = advice.to_svg()
         out["torch_with_group_modelled"] = after.advise(0, cost=cost).to_dict()["total"]["torch"]
-        out["gloo_profile_advice"] = rec.advise(max_new_groups).to_dict()
+        out["gloo_profile_advice"] = rec.advise(max_new_groups, cost=CostModel.profile("gloo")).to_dict()
     return out
 
 
