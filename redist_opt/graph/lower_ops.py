@@ -208,14 +208,7 @@ def _unpack_even_blocks(emit, x, shape, dim, counts, blocks, slot):
 
 def _unpack_sliced_blocks(emit, x, shape, dim, counts, blocks, slot, sizes):
     def block(pieces: dict) -> fx.Node:
-        coord = [0] * len(counts)
-        for t, pos in blocks:
-            k = pieces[t]
-            for p in reversed(pos):
-                coord[p], k = k % counts[p], k // counts[p]
-        index = 0
-        for c, m in zip(coord, counts):
-            index = index * m + c
+        index = sym.block_slot_index(pieces, blocks, counts)
         b = emit(aten.slice.Tensor, x, dim, index * slot, (index + 1) * slot)
         for t, _ in blocks:
             size = sizes[t][pieces[t]]
