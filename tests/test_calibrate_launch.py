@@ -18,7 +18,7 @@ from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools import timing
 from redist_opt.tools.calibrate import fit_per_kind, fit_profile
-from redist_opt.tools.calibrate_launch import Launch, launched
+from redist_opt.tools.calibrate_launch import Launch, default_mesh, launched
 from redist_opt.tools.cli import main
 from redist_opt.tools.spawn import free_port
 
@@ -243,11 +243,12 @@ def test_launched_calibrate_on_two_hosts_of_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_calibrate_writes_a_profile_bench_loads(tmp_path):
-    """The documented line, on 2 ranks: ``torchrun --nproc_per_node=2 -m redist_opt calibrate``."""
+    """The documented line, on 4 ranks: ``torchrun --nproc_per_node=4 -m redist_opt calibrate``
+    measures the world as 2x2 (groups of 2 and of 4) without being told a mesh."""
     out = tmp_path / "p.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(free_port()),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port", str(free_port()),
          "-m", "redist_opt", "calibrate", "--sizes", "1KiB,16KiB", "--iters", "2", "--warmup", "1",
          "--out", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
@@ -255,8 +256,15 @@ def test_torchrun_calibrate_writes_a_profile_bench_loads(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     model = CostModel.load(out)
     cal = json.loads(out.read_text())["calibration"]
-    assert cal["mesh"]["sizes"] == [2] and cal["nprocs"] == 2 and model.devices_per_host is None
+    assert cal["mesh"]["sizes"] == [2, 2] and cal["nprocs"] == 4 and model.devices_per_host is None
+    assert {r[1] for r in model.fitted} == {2, 4}
     assert main(["bench", "--part", "planning", "--plan-runs", "2", "--profile", str(out)]) == 0
+
+
+@pytest.mark.parametrize("world, mesh", [(2, (2,)), (3, (3,)), (4, (2, 2)), (6, (2, 3)), (8, (2, 2, 2)),
+                                         (16, (2, 2, 4)), (12, (2, 2, 3)), (1, (1,))])
+def test_default_mesh_of_a_launched_world_measures_several_group_sizes(world, mesh):
+    assert default_mesh(world) == mesh
 
 
 def test_unmeasured_group_sizes_interpolate_between_measured_curves():

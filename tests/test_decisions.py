@@ -4,12 +4,15 @@ and one live case on 8 gloo ranks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from redist_opt.ir.cost import CostModel
-from redist_opt.tools.decisions import RANKS, DecisionCase, alternatives, decision_cases, judge, measure_decisions
+from redist_opt.tools.decisions import (
+    RANKS, DecisionCase, alternatives, decision_cases, format_decisions, judge, measure_decisions, told_apart,
+)
 
 LOSS = DecisionCase("loss", "dp=2,cp=2,tp=2", (), "P,P,P", "R,R,R", ())
 
@@ -57,6 +60,15 @@ def test_judge_leaves_out_differences_within_noise():
     wide = judge(_measured({3: 0.020, 1: 0.010}, stderr=0.01), CostModel.profile("gloo"))  # 3 sigma = 42 ms
     for v in (noisy, wide):
         assert v["judged"] == 0 and math.isnan(v["accuracy"]) and v["pairs"][0]["correct"] is None
+
+
+def test_profiles_sharing_a_name_are_told_apart_by_file():
+    four = dataclasses.replace(CostModel.profile("gloo"), name="gloo-calibrated-4")
+    models = told_apart([four, four, CostModel.profile("nccl")], ["runs/a.json", "b.json", "nccl"])
+    assert [m.name for m in models] == ["gloo-calibrated-4 (a.json)", "gloo-calibrated-4 (b.json)", "nccl"]
+    verdicts = [judge(_measured({3: 0.020, 1: 0.010}), m) for m in models]
+    header = format_decisions(verdicts, _measured({3: 0.020, 1: 0.010})).splitlines()[len(models) + 2]
+    assert header.split()[-3:] == ["a.json", "b.json", "nccl"]
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from redist_opt.tools.calibrate import validate_request
 from redist_opt.tools.spawn import quiet_torch_logs
 from redist_opt.tools.timing import DeviceChoice, select_device
 
-__all__ = ["Launch", "launched", "calibrate_launched"]
+__all__ = ["Launch", "launched", "calibrate_launched", "default_mesh"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,23 @@ def launched(env: Mapping[str, str] | None = None) -> Launch | None:
     return Launch(rank, world, local_rank, local_world)
 
 
+def default_mesh(world: int) -> tuple[int, ...]:
+    """The mesh measured when none is named: ``world`` in its prime factors, smallest
+    first, the ones past the second multiplied into a third dim (4 -> 2x2, 8 -> 2x2x2,
+    16 -> 2x2x4, 6 -> 2x3). Its dims and their flattened sets are groups of several
+    sizes up to the world, so a plan's group sizes are measured or lie between measured
+    ones; a 1-D world would measure one size only, and price a group of 2 like the world."""
+    factors, n, f = [], world, 2
+    while n > 1:
+        while n % f == 0:
+            factors.append(f)
+            n //= f
+        f += 1
+    if len(factors) > 3:
+        factors = factors[:2] + [math.prod(factors[2:])]
+    return tuple(factors) or (world,)
+
+
 def _init(launch: Launch, choice: DeviceChoice, timeout: float) -> bool:
     """Initialize the default process group on the chosen backend (unless one is up);
     whether we did (and so must destroy it)."""
@@ -93,9 +111,10 @@ def calibrate_launched(
 ) -> tuple[CostModel, dict] | None:
     """Measure on the launched job's ranks; (model, record) on rank 0, None elsewhere.
 
-    ``mesh_sizes`` default: the 1-D world. ``choice`` overrides :func:`select_device`.
+    ``mesh_sizes`` default: :func:`default_mesh` of the world. ``choice`` overrides
+    :func:`select_device`.
     """
-    mesh_sizes, names = validate_request(launch.world, mesh_sizes or (launch.world,), names, "WORLD_SIZE")
+    mesh_sizes, names = validate_request(launch.world, mesh_sizes or default_mesh(launch.world), names, "WORLD_SIZE")
     choice = choice or select_device(launch.local_rank)
     t0 = time.perf_counter()
     owned = _init(launch, choice, timeout)

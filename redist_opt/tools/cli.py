@@ -22,7 +22,7 @@ from redist_opt.tools.advise import add_advise_command
 from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
 from redist_opt.tools.args import parse_shape, parse_size_list
 from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
-from redist_opt.tools.calibrate_launch import calibrate_launched, launched
+from redist_opt.tools.calibrate_launch import calibrate_launched, default_mesh, launched
 from redist_opt.tools.demo import run_demo
 from redist_opt.tools.spawn import SpawnError
 from redist_opt.tools.timing import load_warning, loadavg, torch_version
@@ -151,7 +151,7 @@ def cmd_calibrate(args) -> int:
     if args.check:  # decision accuracy of a profile on live gloo ranks (tools/decisions.py)
         return decisions.cmd_decisions(args)
     launch = launched()
-    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else ((launch.world,) if launch else (2, 2), None)
+    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
     sizes = parse_size_list(args.sizes)
     _check_samples(args)
     if launch is not None:
@@ -307,7 +307,7 @@ def _add_calibrate_arguments(p) -> None:
     p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
     p.add_argument("--mesh", default=None,
                    help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
-                   "the 1-D world)")
+                   "the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
     p.add_argument("--check", action="store_true",
                    help="measure instead how often --profile's choices between alternative plans are the "
                    "measured faster ones, on 8 gloo ranks (see docs/decisions.md)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import time
 from collections.abc import Sequence
 
@@ -43,7 +44,8 @@ from redist_opt.tools.corpus import DEFAULT_CORPUS, load_corpus
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, timed_samples
 
-__all__ = ["DecisionCase", "decision_cases", "alternatives", "measure_decisions", "judge", "format_decisions"]
+__all__ = ["DecisionCase", "decision_cases", "alternatives", "measure_decisions", "judge", "format_decisions",
+           "told_apart"]
 
 RANKS = 8
 # Global bytes each case is scaled to: small enough that launches dominate, large
@@ -234,6 +236,13 @@ def judge(measured: dict, model: CostModel) -> dict:
     }
 
 
+def _column_label(profile: str) -> str:
+    """At most 14 characters: a profile told apart by its file shows the file."""
+    if len(profile) > 14 and profile.endswith(")") and " (" in profile:
+        profile = profile.rsplit(" (", 1)[1][:-1]
+    return profile[:14]
+
+
 def format_decisions(verdicts: Sequence[dict], measured: dict, *, all_pairs: bool = False) -> str:
     lines = [f"decision accuracy: {len(measured['cases'])} cases with 2+ alternatives on {measured['ranks']} gloo "
              f"ranks, median of {measured['iters']} samples (slowest rank); measured in {measured['wall_s']:.0f} s"]
@@ -244,7 +253,7 @@ def format_decisions(verdicts: Sequence[dict], measured: dict, *, all_pairs: boo
             f"noise, {v['model_ties']} modelled equal)")
     lines.append("")
     head = f"{'case':<44} {'alternative a':<26} {'alternative b':<26} {'meas a ms':>10} {'meas b ms':>10} {'noise':>6}"
-    head += "".join(f" {v['profile'][:14]:>14}" for v in verdicts)
+    head += "".join(f" {_column_label(v['profile']):>14}" for v in verdicts)
     lines.append(head)
     first = verdicts[0]["pairs"] if verdicts else []
     for i, p in enumerate(first):
@@ -268,6 +277,14 @@ def _json_ready(measured: dict, verdicts: Sequence[dict]) -> dict:
     return {**measured, "cases": cases, "verdicts": list(verdicts)}
 
 
+def told_apart(models: Sequence[CostModel], sources: Sequence[str]) -> list[CostModel]:
+    """``models`` with the profiles that share a name (two files calibrated on 4 ranks
+    are both ``gloo-calibrated-4``) renamed after the file (or name) they came from."""
+    names = [m.name for m in models]
+    return [m if names.count(m.name) == 1 else dataclasses.replace(m, name=f"{m.name} ({os.path.basename(src)})")
+            for m, src in zip(models, sources)]
+
+
 def cmd_decisions(args) -> int:
     """``redist-opt calibrate --check [--profile P ...]`` and ``redist-opt bench --part decisions``."""
     import json
@@ -275,7 +292,7 @@ def cmd_decisions(args) -> int:
     from redist_opt.tools.args import load_profile
 
     names = args.profile if isinstance(args.profile, list) else [args.profile] if args.profile else ["gloo"]
-    models = [load_profile("--profile", n) for n in names]
+    models = told_apart([load_profile("--profile", n) for n in names], names)
     cases = decision_cases(getattr(args, "corpus", None) or DEFAULT_CORPUS)
     print(f"decision accuracy: {len(cases)} cases (corpus 8-rank cases and 2x2x2 / 2x4 extras at "
           f"{', '.join(str(t) for t in DEFAULT_TARGETS)} bytes), profiles {', '.join(m.name for m in models)}; "
