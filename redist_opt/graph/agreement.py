@@ -43,7 +43,7 @@ import torch.distributed as dist
 from redist_opt.graph.chain import Chain, ChainOp
 from redist_opt.runtime.torch_dtensor import default_store
 
-__all__ = ["AGREEMENT_TIMEOUT_S", "Agreement", "agree_slice_dims", "store_exchange"]
+__all__ = ["AGREEMENT_TIMEOUT_S", "Agreement", "agree_slice_dims", "agreement_scope", "slice_candidates", "store_exchange"]
 
 # How long a rank waits for the others of its round before leaving the chain as it was.
 AGREEMENT_TIMEOUT_S = 5.0
@@ -69,12 +69,17 @@ def _op_fingerprint(op: ChainOp) -> tuple:
     return (op.kind, op.dims, op.tensor_dim, op.reduce_op, op.n)
 
 
+def agreement_scope(chain: Chain) -> list[int]:
+    """The mesh dims whose coordinates vary among the ranks asked: the dims the
+    program's meshes span and the chain's collectives touch."""
+    return sorted(set(chain.ctx.scope_dims) | {d for op in chain.collectives for d in op.dims})
+
+
 def agreement_for(chain: Chain, facts: list) -> Agreement:
     """The round that agrees ``chain``'s slices: its key and the ranks asked."""
     ctx = chain.ctx
     val = chain.input.meta.get("val")
-    scope = sorted(set(ctx.scope_dims) | {d for op in chain.collectives for d in op.dims})
-    ranks = tuple(ctx.ranks_of(scope))
+    ranks = tuple(ctx.ranks_of(agreement_scope(chain)))
     what = (
         tuple(_op_fingerprint(op) for op in chain.ops),
         tuple(val.shape) if val is not None else None,
@@ -85,22 +90,40 @@ def agreement_for(chain: Chain, facts: list) -> Agreement:
     return Agreement(hashlib.sha256(repr(what).encode()).hexdigest()[:32], ranks, facts)
 
 
+def slice_candidates(chain: Chain, op: ChainOp) -> tuple[list, list]:
+    """(every dim set a slice could select over, those giving this rank's block index).
+
+    A slice DTensor put there (``op.trusted``) selects over some dim set of the root
+    mesh. Any other slice is this rank's own block only if, on every rank asked, its
+    constant index is that rank's block index over one common dim set: a set of dims
+    whose coordinates vary among those ranks (the agreement scope), so a constant the
+    same on every rank (user code) can never match it everywhere."""
+    all_dims = chain.ctx.candidate_dims(op.n)
+    if not op.trusted:
+        scope = set(agreement_scope(chain))
+        all_dims = [d for d in all_dims if scope.issuperset(d)]
+    return all_dims, sorted(d for d in all_dims if chain.ctx.block_index(d) == op.index)
+
+
 def _slice_facts(chain: Chain, ci: int, fail) -> list[tuple[int, list]]:
-    """(position, candidates) of each slice needing agreement; a slice of one possible
-    dim set gets its dims here."""
+    """(position, candidates) of each slice needing agreement; a trusted slice of one
+    possible dim set gets its dims here."""
     out = []
     for pos, op in enumerate(chain.ops):
         if op.kind != "slice":
             continue
-        all_dims = chain.ctx.candidate_dims(op.n)
-        cands = [d for d in all_dims if chain.ctx.block_index(d) == op.index]
-        if len(all_dims) == 1:
+        all_dims, cands = slice_candidates(chain, op)
+        if not all_dims:
+            # the same on every rank (no coordinate enters it): no round needed
+            fail(ci, pos, f"{op.nodes[0].name}: a slice with a constant index cannot be proven to select "
+                          f"this rank's block (no mesh dims of {op.n} ranks vary among the ranks compiling it)")
+        elif len(all_dims) == 1 and op.trusted:
             if cands:
                 object.__setattr__(op, "dims", cands[0])
             else:
                 fail(ci, pos, f"{op.nodes[0].name}: block {op.index} is not this rank's")
         else:
-            out.append((pos, sorted(cands)))
+            out.append((pos, cands))
     return out
 
 
@@ -135,15 +158,18 @@ def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, tupl
     for (ci, facts), req, gathered in zip(pending, requests, answers):
         for j, (pos, mine) in enumerate(facts):
             op = chains[ci].ops[pos]
+            what = (f"{op.nodes[0].name}: " if op.trusted else
+                    f"{op.nodes[0].name}: a slice with a constant index cannot be proven to select this "
+                    "rank's block: ")
             if isinstance(gathered, str):
-                fail(ci, pos, f"{op.nodes[0].name}: {gathered}")
+                fail(ci, pos, what + gathered)
                 continue
             common = set(map(tuple, mine))
             for other in gathered:
                 common &= set(map(tuple, other[j])) if len(other) == len(req.facts) else set()
             if len(common) != 1:
-                fail(ci, pos, (
-                    f"{op.nodes[0].name}: the mesh dims this slice selects over are not determined "
+                fail(ci, pos, what + (
+                    "the mesh dims this slice selects over are not determined "
                     f"(candidates common to all ranks: {sorted(common)})"
                 ))
             else:
@@ -155,8 +181,7 @@ def _store_or_reason():
     if not dist.is_initialized():
         return "no process group to agree on slice dims across ranks"
     if dist.get_backend() == "fake":
-        return ("its mesh dims need agreement across ranks (several dim sets have its size), "
-                "which the fake backend cannot give")
+        return "its mesh dims need agreement across ranks, which the fake backend cannot give"
     return default_store()
 
 

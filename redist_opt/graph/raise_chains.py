@@ -71,6 +71,7 @@ import torch
 import torch.fx as fx
 
 from redist_opt.graph.chain import (
+    COLLECTIVE_KINDS,
     COLLECTIVES,
     REDUCE_OPS,
     WAIT,
@@ -126,16 +127,21 @@ def _from_redistribute(node: fx.Node) -> bool:
 
 
 def _match_slice(node: fx.Node, shape):
-    """(ChainOp, reason) for ``split``+``getitem`` / ``slice`` taking one even block."""
+    """(ChainOp, reason) for ``split``+``getitem`` / ``slice`` taking one even block.
+
+    The block index is this rank's constant; whether it is this rank's *own* block is
+    decided later, from the mesh coordinates and across ranks (legality 5)."""
     if node.target is aten.split.Tensor:
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
         size = node.args[1]
         users = list(node.users)
-        if len(users) != 1 or users[0].target is not operator.getitem:
+        # every piece a getitem, one of them used (tracers leave the others dead)
+        live = [u for u in users if u.users]
+        if not users or any(u.target is not operator.getitem for u in users) or len(live) != 1:
             return None, "split with several blocks used is not a rank slice"
-        get = users[0]
+        get = live[0]
         k = get.args[1]
-        nodes = (node, get)
+        nodes = (node, *(u for u in users if u is not get), get)
     elif node.target is aten.slice.Tensor:
         a = list(node.args) + [None] * (5 - len(node.args))
         dim, start, end, step = a[1] or 0, a[2], a[3], a[4] or 1
@@ -152,12 +158,7 @@ def _match_slice(node: fx.Node, shape):
     n = shape[dim] // size
     if not 0 <= k < n:
         return None, f"{node.name}: block index {k} out of range"
-    if not _from_redistribute(node):
-        return None, (
-            f"{node.name}: a slice with a constant index from user code cannot be proven to "
-            "select this rank's block"
-        )
-    return ChainOp("slice", nodes, tensor_dim=dim, n=n, index=k), None
+    return ChainOp("slice", nodes, tensor_dim=dim, n=n, index=k, trusted=_from_redistribute(node)), None
 
 
 def _scalar_args(node: fx.Node) -> bool:
@@ -245,13 +246,15 @@ def _match_local(node):
     return _match_slice(node, shape_in)
 
 
-def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
-    """Greedy walk from collective ``start``: the ops of the chain and why it stopped."""
+def _walk(start: fx.Node, contexts, cache):
+    """Greedy walk from ``start`` (a collective, or a local op after a shared value): the
+    ops of the chain, why it stopped, and the value it stopped at when that value has
+    several users (else None)."""
     ops: list[ChainOp] = []
     node = start
     while node is not None:
         if node.op != "call_function":
-            return ops, None
+            return ops, None, None
         prologue = ()
         tensor_dim = 0
         if node.target is aten.split.Tensor:
@@ -265,21 +268,54 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
         else:
             op, why = _match_local(node)
         if op is None:
-            return ops, why
+            return ops, why, None
         ops.append(op)
         last = op.nodes[-1]
         node = _sole_user(last)
         if node is None:
             n = len(last.users)
-            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None)
-    return ops, None
+            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None), (last if n > 1 else None)
+    return ops, None, None
+
+
+def _through(prefix: list[ChainOp], shared: fx.Node, contexts, cache, depth: int = 0):
+    """Chains that go on through ``shared`` (the end of ``prefix``, a value with several
+    users) along one of its users: the prefix is kept for the others (``Chain.kept``).
+    Only branches with a collective of their own: re-planning the whole chain can then
+    beat the branch's collectives; without one it cannot (the kept prefix already costs
+    what the branch costs)."""
+    out = []
+    for user in shared.users:
+        if user.op != "call_function" or not user.args or user.args[0] is not shared:
+            continue
+        raw, why, again = _walk(user, contexts, cache)
+        ops = trim(list(raw))
+        if not any(op.kind in COLLECTIVE_KINDS for op in ops):
+            continue
+        out.append((prefix + ops, len(prefix), why))
+        if again is not None and depth < _MAX_SHARED_DEPTH:
+            out += _through(prefix + raw, again, contexts, cache, depth + 1)
+    return out
+
+
+# How many shared values a chain may go through.
+_MAX_SHARED_DEPTH = 2
+
+
+def _one_context(ops: list[ChainOp]):
+    ctxs = {id(op.ctx): op.ctx for op in ops if op.ctx is not None}
+    return next(iter(ctxs.values())) if len(ctxs) == 1 else None
 
 
 def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
-    """(raw chains, not-raised records) in graph order; slices still need dims (see graph_pass)."""
+    """(raw chains, not-raised records) in graph order; slices still need dims (see graph_pass).
+
+    A chain that stops at a value with several users is also continued through it, once
+    per user that leads to more collectives (chains with ``kept > 0``, after the others)."""
     cache: dict = {}
     seen: set[fx.Node] = set()
     chains: list[Chain] = []
+    through: list[Chain] = []
     skipped: list[NotRaised] = []
     for node in graph.nodes:
         if node in seen or node.op != "call_function" or node.target not in COLLECTIVES:
@@ -289,19 +325,24 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
             pro = scatter_prologue(node)
             if pro is not None and not (set(pro[3]) & seen):
                 start = pro[3][0]
-        ops, why = _walk(start, contexts, cache)
-        ops = trim(ops)
+        raw, why, shared = _walk(start, contexts, cache)
+        ops = trim(list(raw))
         for op in ops:
             seen.update(op.nodes)
         if not ops:
             skipped.append(NotRaised((node.name,), why or "nothing to raise"))
             continue
-        ctxs = {id(op.ctx): op.ctx for op in ops if op.ctx is not None}
-        if len(ctxs) != 1:
+        ctx = _one_context(ops)
+        if ctx is None:
             skipped.append(NotRaised(tuple(n.name for op in ops for n in op.nodes),
                                      "collectives of the chain live on different root meshes"))
             continue
-        chain = Chain(start.args[0], ops, next(iter(ctxs.values())))
+        chain = Chain(start.args[0], ops, ctx)
         chain.stop_reason = why
         chains.append(chain)
-    return chains, skipped
+        if shared is not None:
+            for t_ops, kept, t_why in _through(raw, shared, contexts, cache):
+                t_ctx = _one_context(t_ops)
+                if t_ctx is not None:
+                    through.append(Chain(start.args[0], t_ops, t_ctx, stop_reason=t_why, kept=kept))
+    return chains + through, skipped
