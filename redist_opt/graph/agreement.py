@@ -1,11 +1,14 @@
 """Agreement across ranks on the mesh dims of rank slices (legality 5 of
 :mod:`redist_opt.graph.raise_chains`), bounded in time and consistent across ranks.
 
-A constant-index slice that DTensor put in a graph selects this rank's block over
-some ordered set of mesh dims, but a graph records only ``n`` and the index. When
-the root mesh has several dim sets of ``n`` ranks, each rank knows only which of
-them give its index (its *candidates*); the ranks intersect their candidates and
-the slice is raised when exactly one set is common to all.
+A constant-index slice in a graph records only ``n`` and this rank's index. Each
+rank knows which ordered dim sets of ``n`` ranks give its index (its *candidates*);
+the ranks intersect their candidates and the slice is raised when exactly one set
+is common to all: then on every rank it selects that rank's own block over that
+set. For a slice of unknown origin only dim sets whose coordinates vary among the
+ranks asked are candidates (a constant the same on every rank then matches on no
+set everywhere); a slice DTensor put there (known from its metadata to select the
+caller's block) needs no round when one dim set of the root mesh has its size.
 
 Protocol (one round per chain, all rounds of a graph in parallel), through the
 default process group's store: a store key is no collective, so it cannot

@@ -213,16 +213,19 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()
-    # Chains through shared values first: when one is rewritten, the chains it
-    # overlaps (the one after the shared value, and the one before it once nothing
-    # uses it any more) lose their nodes and are skipped.
-    for ci in sorted(range(len(chains)), key=lambda i: not chains[i].kept):
-        chain = chains[ci]
-        if erased.intersection(chain.nodes):
+    settled: dict[int, bool] = {}
+
+    def settle(i: int) -> bool:
+        if i not in settled:
+            settled[i] = _settle(chains[i], failed.get(i), not_raised)
+        return settled[i]
+
+    # In find_chains' order: a chain whose nodes a rewritten chain took is skipped.
+    for ci, chain in enumerate(chains):
+        if erased.intersection(chain.nodes) or not settle(ci):
             continue
-        if not _settle(chain, failed.get(ci), not_raised):
-            continue
-        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice)
+        rival = _rival_key(chain, chains, settle, groups, cost, choice) if chain.kept else None
+        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice, rival)
         if chain.stop_reason and not res.rewritten:
             res.reason += f"; the chain stops before {chain.stop_reason}"
         results.append(res)
@@ -267,8 +270,42 @@ def _settle(chain: Chain, failure, not_raised: list) -> bool:
     return True
 
 
-def _optimize_chain(graph, chain: Chain, groups, cost, choice):
+def _plan_chain(chain: Chain, groups, cost, choice):
+    """(naive, optimized) plans of a settled chain, or why it is not planned."""
     prefer, max_collectives = choice
+    try:
+        naive = make_plan(chain.ctx.spec, chain.src, chain.dst, chain.shape, chain.dtype)
+        if naive.fallback:
+            return f"not planned: {naive.fallback_reason}"
+        return naive, run_pipeline(naive, groups=groups, cost=cost, prefer=prefer,
+                                   max_collectives=max_collectives, on_change=pass_dump_writer(None, naive))
+    except RedistributeError as e:
+        return f"not planned: {e}"
+
+
+def _key(cs) -> tuple[int, float]:
+    return (len(cs), _moved(cs))
+
+
+def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
+    """The cost (kept collectives included) of the other way to rewrite what ``chain``
+    (through a shared value) rewrites: the chain after the shared value alone, planned
+    from that value. ``chain`` is used only when it beats it."""
+    suffix = {op.nodes[-1] for op in chain.collectives[len(chain.kept_collectives):]}
+    for j, other in enumerate(chains):
+        if other.kept or other.end is not chain.end or not settle(j):
+            continue
+        if {op.nodes[-1] for op in other.collectives} != suffix:
+            continue
+        planned = _plan_chain(other, groups, cost, choice)
+        if isinstance(planned, str):
+            return None
+        kept = _original_collectives(chain)[: len(chain.kept_collectives)]
+        return _key(kept + min(_plan_collectives(planned[1]), _original_collectives(other), key=_key))
+    return None
+
+
+def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
     spec = chain.ctx.spec
     src = ",".join(placement_str(p) for p in chain.src)
     dst = ",".join(placement_str(p) for p in chain.dst)
@@ -281,21 +318,21 @@ def _optimize_chain(graph, chain: Chain, groups, cost, choice):
         return ChainResult(chain.names, spec.shape_str, src, dst, chain.shape, strip(before),
                            strip(after), rewritten, reason, strip(kept))
 
-    try:
-        naive = make_plan(spec, chain.src, chain.dst, chain.shape, chain.dtype)
-        if naive.fallback:
-            return result([], False, f"not planned: {naive.fallback_reason}"), None, ()
-        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
-                            on_change=pass_dump_writer(None, naive))
-    except RedistributeError as e:
-        return result([], False, f"not planned: {e}"), None, ()
+    planned = _plan_chain(chain, groups, cost, choice)
+    if isinstance(planned, str):
+        return result([], False, planned), None, ()
+    naive, plan = planned
     after = _plan_collectives(plan)
-    old_key = (len(kept) + len(before), _moved(kept) + _moved(before))
-    new_key = (len(kept) + len(after), _moved(kept) + _moved(after))
+    old_key, new_key = _key(kept + before), _key(kept + after)
     if new_key >= old_key:
         return result(after, False, (
             f"not cheaper ({new_key[0]} collectives moving {new_key[1]:.0f} B vs "
             f"{old_key[0]} moving {old_key[1]:.0f} B{_kept_note(kept)})"
+        )), None, (naive, plan)
+    if rival is not None and new_key >= rival:
+        return result(after, False, (
+            f"the chain after the shared value, rewritten alone, is as cheap ({rival[0]} collectives "
+            f"moving {rival[1]:.0f} B vs {new_key[0]} moving {new_key[1]:.0f} B{_kept_note(kept)})"
         )), None, (naive, plan)
     try:
         new_value = lower_into_graph(graph, chain, plan, groups)

@@ -23,7 +23,10 @@ left exactly as it was and a one-line reason is recorded):
    ``cat(split(x, s, d), 0)`` before a scatter / ``cat(split(y, s, 0), d)`` after a
    gather surrounds it, every piece used once in order), and its only user is its
    ``wait_tensor``; intermediate values have exactly one user (the next op of the
-   chain), so nothing else observes a value the rewrite removes.
+   chain), so nothing else observes a value the rewrite removes. A chain may also go
+   on through a value with several users along one of them: that value and the ops
+   before it are then kept for the others (``Chain.kept``), and the graph pass counts
+   their collectives on both sides of its cost comparison.
 2. Every group name resolves (:mod:`redist_opt.graph.mesh_groups`) to the ranks of an ordered set of dims of one root
    DeviceMesh: the ranks equal, in order, the rank map of those dims through this
    rank's coordinate. All collectives of a chain live on one root mesh.
@@ -35,16 +38,20 @@ left exactly as it was and a one-line reason is recorded):
 4. Shards are even: every tensor dim a chain shards or gathers is divisible by
    the product of the mesh dims involved (no pad/narrow appears; uneven chains are
    not raised).
-5. A rank-dependent slice (``split`` + ``getitem`` or ``slice``) with a constant
-   index is raised only when it comes from ``DTensor.redistribute``
-   (``node.meta["source_fn_stack"]``: DTensor always selects the caller's own
-   block) *and* the mesh dims it selects over are known on every rank alike: the
-   root mesh has exactly one ordered set of dims of that size whose block index
-   is this rank's, after intersecting the candidates of the ranks that compile
-   the same program (:func:`redist_opt.graph.agreement.agree_slice_dims`: an
-   exchange through the default group's store at compile time on a real backend,
-   keyed by the chain and the mesh, bounded in time; a hand-written
-   ``chunk(n)[0]`` has no candidate common to all ranks).
+5. A rank slice (``split`` + ``getitem`` or ``slice`` taking one even block, with
+   this rank's constant index) is raised only when it is proven to select this
+   rank's own block over one ordered set of mesh dims, the same set on every rank
+   that compiles the same program: each rank lists the dim sets whose block index
+   is its constant (from its mesh coordinate), and the ranks intersect their lists
+   (:func:`redist_opt.graph.agreement.agree_slice_dims`: an exchange through the
+   default group's store at compile time on a real backend, keyed by the chain and
+   the mesh, bounded in time; a failed or timed-out round leaves the chain as
+   traced from the slice on, on every rank of it). Only dim sets whose coordinates
+   vary among those ranks count, so a constant that user code wrote (the same on
+   every rank: ``chunk(n)[0]``) never matches, whatever the graph's metadata says.
+   A slice that DTensor's redistribute put there (``node.meta["source_fn_stack"]``)
+   is known to select the caller's block: when exactly one dim set of the root mesh
+   has its size, it needs no exchange (so it is raised on the fake backend too).
    A mesh dim the chain has not touched before such a slice is taken to hold
    equal replicas: the DTensor that issued the slice declares it ``Replicate``
    (so "slice then gather back" over it is the identity).
@@ -54,7 +61,9 @@ left exactly as it was and a one-line reason is recorded):
 
 Every decision reads only rank-independent facts (graph structure, shapes,
 dtypes, layouts), or facts agreed across ranks (condition 5), so every rank
-raises the same chains the same way.
+raises the same chains the same way. Metadata is never needed: graphs from other
+tracers (autoparallel copies the user op's metadata onto the ops it emits) raise
+as DTensor's do, given a real backend for the agreement.
 
 This module finds chains (the greedy walk, conditions 1, 2, 5's slice matching
 and 6's operand check); :mod:`redist_opt.graph.chain_placements` gives a chain its
@@ -308,14 +317,19 @@ def _one_context(ops: list[ChainOp]):
 
 
 def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
-    """(raw chains, not-raised records) in graph order; slices still need dims (see graph_pass).
+    """(raw chains, not-raised records); slices still need dims (see graph_pass).
 
     A chain that stops at a value with several users is also continued through it, once
-    per user that leads to more collectives (chains with ``kept > 0``, after the others)."""
+    per user that leads to more collectives (chains with ``kept > 0``). Chains come in
+    the order they are to be tried, since a rewritten chain takes its nodes from the
+    chains overlapping it: first the chains through shared values (deepest first; the
+    graph pass uses one only when it beats the chain after the shared value alone),
+    then the chains through no shared value, then the chains ending at a shared value."""
     cache: dict = {}
     seen: set[fx.Node] = set()
     chains: list[Chain] = []
     through: list[Chain] = []
+    prefixes: list[Chain] = []
     skipped: list[NotRaised] = []
     for node in graph.nodes:
         if node in seen or node.op != "call_function" or node.target not in COLLECTIVES:
@@ -339,10 +353,11 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
             continue
         chain = Chain(start.args[0], ops, ctx)
         chain.stop_reason = why
-        chains.append(chain)
-        if shared is not None:
-            for t_ops, kept, t_why in _through(raw, shared, contexts, cache):
-                t_ctx = _one_context(t_ops)
-                if t_ctx is not None:
-                    through.append(Chain(start.args[0], t_ops, t_ctx, stop_reason=t_why, kept=kept))
-    return chains + through, skipped
+        found = _through(raw, shared, contexts, cache) if shared is not None else []
+        for t_ops, kept, t_why in found:
+            t_ctx = _one_context(t_ops)
+            if t_ctx is not None:
+                through.append(Chain(start.args[0], t_ops, t_ctx, stop_reason=t_why, kept=kept))
+        (prefixes if found else chains).append(chain)
+    through.sort(key=lambda c: -c.kept)  # stable: graph order among equals
+    return through + chains + prefixes, skipped
