@@ -41,7 +41,8 @@ Legality: those of raising, plus
 
 A chain through a value with more than one user keeps that value (and the
 collectives before it) for the other users, and is rewritten only when it is
-cheaper counting the kept collectives on both sides.
+cheaper counting the kept collectives on both sides, and cheaper than the chain
+after that value rewritten alone (which is then tried instead).
 
 What it does not do: chains through ``all_to_all_single``, uneven shards (pad /
 narrow), collectives on different root meshes. Each is left as it was with a
