@@ -96,13 +96,21 @@ UNITS = (
     "tests/test_graph_pass.py",
     "tests/test_bench.py",
     "tests/test_quality.py",
+    "tests/test_graph_lowering.py",
+    "tests/test_advise_gloo.py",
+    "tests/test_graph_pass_semantics.py",
 )
 FIRST = (
     "tests/test_graph_pass_gloo.py",  # 170 s: 8 and 4 gloo ranks compiling
+    "tests/test_graph_pass_semantics.py",  # 150 s: 4 gloo ranks, compiled programs
+    "tests/test_graph_lowering.py",  # 145 s: 4 gloo ranks, compiled programs
     "tests/test_graph_pass.py",  # 140 s: a compiling subprocess, Inductor
     "tests/test_gloo.py::test_gloo_compiled_tp_mlp_matches_eager",  # 110 s
     "tests/test_properties.py::test_outputs_equal_oracle",  # 65 s
     "tests/test_bench.py",  # 65 s: gloo ranks
+    "tests/test_advise_gloo.py",  # 80 s: 8 gloo ranks, four runs of two steps
+    "tests/test_decisions.py::test_one_case_live_on_eight_gloo_ranks",  # 55 s
+    "tests/test_calibrate_launch.py::test_launched_calibrate_on_two_hosts_of_two_ranks",  # 40 s
     "tests/test_properties.py::test_plan_never_worse_than_torch",  # 40 s
     "tests/test_compile.py::test_inductor_inner_and_default_backend_inside_enabled",  # 20 s
     "tests/test_gloo.py::test_gloo_2x2_matches_torch",  # 20 s: 4 gloo ranks

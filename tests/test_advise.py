@@ -158,3 +158,17 @@ def test_candidate_code_without_dim_names():
     spec = redist_opt.MeshSpec(sizes=(2, 2))
     (c,) = candidates([mesh_record_of_spec(spec)])
     assert isinstance(c, Candidate) and c.code.startswith("# mesh dims (0, 1)")
+
+
+def test_torch_column_runs_torchs_merge_pass_on_the_flattened_groups():
+    spec = redist_opt.MeshSpec(sizes=(2, 2, 2), names=("dp", "cp", "tp"), flattened=[("dp", "cp")])
+    d = advise([mesh_record_of_spec(spec)], STEP3, max_new_groups=0, cost=MODEL).to_dict()
+    # gradients: AR(dp), AR(cp) merge into AR(dp+cp); the loss's run of three all_reduces
+    # needs a dp+cp+tp group, so torch keeps it as three; the activations: AR(tp)
+    assert d["total"]["torch"]["collectives"] == 2 * 1 + 3 + 4
+    # with dp+cp advised, torch alone finds it as well
+    d = advise([mesh_record_of_spec(SPEC3)], STEP3, max_new_groups=1, cost=MODEL).to_dict()
+    assert [g["label"] for g in d["groups"]] == ["dp+cp"] and d["total"]["torch_advised"]["collectives"] == 9
+    # a recording that names no flattened mesh: torch finds none, whatever else exists
+    rec = dict(mesh_record_of_spec(spec), flattened=[])
+    assert advise([rec], STEP3, max_new_groups=0, cost=MODEL).to_dict()["total"]["torch"]["collectives"] == 11

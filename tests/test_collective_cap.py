@@ -36,6 +36,7 @@ from redist_opt.ir.torch_merge import torch_collective_count, torch_merged_plan
 PROFILES = {
     "nccl": CostModel.profile("nccl"),
     "gloo": CostModel.profile("gloo"),
+    "gloo-ring": CostModel.profile("gloo-ring"),
     "nccl-2-per-host": dataclasses.replace(CostModel.profile("nccl"), devices_per_host=2),
     "nccl-4-per-host": dataclasses.replace(CostModel.profile("nccl"), devices_per_host=4),
 }
@@ -56,22 +57,31 @@ def _plan(sizes, flattened, src, dst, shape, dtype=torch.float32):
 # ----------------------------------------------------------------------------
 
 
-def test_loss_reduction_under_gloo_is_one_all_reduce():
+def test_loss_reduction_under_a_ring_profile_is_one_all_reduce():
     """full_dtensor's loss reduction with torchtitan's flattened batch group: torch
-    issues one all_reduce over the 4-rank group; so do we under the gloo profile."""
+    issues one all_reduce over the 4-rank group; so do we under a ring profile whose
+    per-step latency would split it (gloo-ring, the pre-calibration gloo profile)."""
     p = _plan((2, 2, 2), [("a", "b")], "P,P,R", "R,R,R", (1,))
     assert torch_collective_count(p) == 1
-    ours = redist_opt.optimize(p, cost=PROFILES["gloo"])
+    ours = redist_opt.optimize(p, cost=PROFILES["gloo-ring"])
     assert ours.num_collectives == 1
     (c,) = ours.collectives()
     assert c.kind == "all_reduce" and c.group.size == 4
     assert any(n.pass_name == "collective-cap" for n in ours.notes)
 
 
+def test_loss_reduction_under_measured_gloo_is_one_all_reduce_uncapped():
+    """The measured gloo profile prices one all_reduce over 4 ranks below two over 2
+    (as measured on 8 gloo ranks): no cap needed, even with max_collectives="any"."""
+    p = _plan((2, 2, 2), [("a", "b")], "P,P,R", "R,R,R", (1,))
+    ours = redist_opt.optimize(p, cost=PROFILES["gloo"], max_collectives="any")
+    assert [(c.kind, c.group.size) for c in ours.collectives()] == [("all_reduce", 4)]
+
+
 def test_opt_in_restores_the_cost_models_choice():
     p = _plan((2, 2, 2), [("a", "b")], "P,P,R", "R,R,R", (1,))
-    traded = redist_opt.optimize(p, cost=PROFILES["gloo"], max_collectives="any")
-    assert traded.num_collectives == 2  # two 2-rank rings, modelled faster under gloo
+    traded = redist_opt.optimize(p, cost=PROFILES["gloo-ring"], max_collectives="any")
+    assert traded.num_collectives == 2  # two 2-rank rings, modelled faster under gloo-ring
     assert all(c.group.size == 2 for c in traded.collectives())
     assert not any(n.pass_name == "collective-cap" for n in traded.notes)
 
@@ -206,3 +216,47 @@ def test_model_matches_torch(sizes, flattened, src, dst, shape):
     assert torch_collective_count(p) == run.total, f"model {torch_merged_plan(p)} vs torch {run.kinds}"
     for profile in PROFILES.values():
         assert redist_opt.optimize(p, cost=profile).num_collectives <= run.total
+
+
+LIVE_MESH_CASES = [
+    # how the mesh is built, flattened groups, src, dst
+    ("root", [], "P,P,P", "R,R,R"),
+    ("root", [("a", "b")], "P,P,R", "R,R,R"),
+    ("unflatten", [], "P,P,P", "R,R,R"),
+    ("unflatten", [("a", "b")], "P,P,P", "R,R,R"),
+    ("unflatten", [], "S(0),S(0),S(0)", "R,R,R"),
+]
+
+
+def _live_mesh(kind):
+    names = ("a", "b", "c")
+    if kind == "root":
+        return init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=names)
+    # torchtitan's ParallelDims.build_mesh: views of a 1-D world mesh
+    world = init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+    return world._unflatten(0, (2, 2, 2), names)
+
+
+@pytest.mark.parametrize("kind,flattened,src,dst", LIVE_MESH_CASES,
+                         ids=[f"{c[0]}-{'+'.join(''.join(g) for g in c[1]) or 'none'}-{c[2]}_to_{c[3]}"
+                              for c in LIVE_MESH_CASES])
+def test_cap_on_live_meshes_is_torchs_count(kind, flattened, src, dst):
+    """A MeshSpec read off a live mesh lists groups torch's merge pass never finds
+    (the world group, an ``_unflatten`` view's root dim): the cap is torch's real
+    count all the same, so the cost model keeps its choice up to that count."""
+    with LocalTensorMode(8) as lm:
+        mesh = _live_mesh(kind)
+        for group in flattened:
+            mesh[tuple(group)]._flatten()
+        dt, _ = int_input(mesh, lm, P(src), (8, 4), torch.float64, seed=1)
+        run = run_torch_merged(dt, P(dst))
+        spec = redist_opt.MeshSpec.from_device_mesh(mesh)
+    assert run.error is None, run.describe_error()
+    p = redist_opt.plan(spec, P(src), P(dst), shape=(8, 4), dtype=torch.float64)
+    assert torch_collective_count(p) == run.total, f"model {torch_merged_plan(p)} vs torch {run.kinds}"
+    for profile in PROFILES.values():
+        capped = redist_opt.optimize(p, cost=profile)
+        free = redist_opt.optimize(p, cost=profile, max_collectives="any")
+        assert capped.num_collectives <= run.total
+        if free.num_collectives <= run.total:  # within torch's count: the cap leaves the choice alone
+            assert capped.num_collectives == free.num_collectives

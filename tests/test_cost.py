@@ -84,7 +84,7 @@ def test_launch_and_trivial_groups():
 
 def test_reduce_scatter_as_all_reduce():
     """gloo runs reduce_scatter as an all_reduce: the model can say so."""
-    emul = CostModel.profile("gloo")
+    emul = CostModel.profile("gloo-ring")
     assert emul.reduce_scatter_as_all_reduce  # measured on gloo
     m = dataclasses.replace(emul, reduce_scatter_as_all_reduce=False)
     for n in (KiB, MiB):
@@ -101,8 +101,8 @@ def merged_vs_separate(model: CostModel, nbytes: int) -> tuple[float, float]:
 
 def test_merging_reductions_under_ring_gloo():
     """One ring all_reduce over 8 ranks: 14 alpha steps and 1.75N bytes; three over pairs:
-    6 steps and 3N bytes. The gloo profile says merged is slower at 64 KiB, faster at 1 MiB."""
-    gloo = CostModel.profile("gloo")
+    6 steps and 3N bytes. The gloo-ring profile says merged is slower at 64 KiB, faster at 1 MiB."""
+    gloo = CostModel.profile("gloo-ring")
     assert gloo.algorithm == "ring"
     merged, separate = merged_vs_separate(gloo, 64 * KiB)
     assert merged > separate

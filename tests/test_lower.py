@@ -103,3 +103,48 @@ def test_greedy_steps_match_torchs_planner(group, mesh_name):
                 differ.append(f"{','.join(src)} -> {','.join(dst)} shape {shape}:\n"
                               f"    ours  {_describe(ours)}\n    torch {_describe(theirs)}")
     assert not differ, f"{len(differ)} of {len(CASES[group, mesh_name])} cases differ:\n" + "\n".join(differ)
+
+
+# -- _StridedShard: our steps (redist_opt.ir.strided) against torch's graph-based planner --
+
+_STRIDED_PLANS = [
+    ((2, 2), "_S(0, 2),S(0)", "R,R"),
+    ((2, 2), "_S(1, 2),S(1)", "R,R"),
+    ((2, 2), "_S(0, 2),S(0)", "R,S(0)"),
+    ((2, 4), "_S(0, 4),S(0)", "R,R"),
+    ((4, 2), "_S(0, 2),S(0)", "R,R"),
+    ((2, 2, 2), "R,_S(0, 2),S(0)", "R,R,R"),
+    ((2, 2, 2), "R,_S(1, 2),S(1)", "R,R,R"),
+    ((2, 2, 2), "P,_S(0, 2),S(0)", "P,R,R"),
+    ((2, 2, 2), "_S(0, 4),_S(0, 2),S(0)", "R,R,R"),
+]
+
+
+@pytest.mark.parametrize("sizes,src,dst", _STRIDED_PLANS, ids=lambda v: str(v))
+@pytest.mark.parametrize("length", [8, 16, 7, 13])
+def test_strided_steps_match_torchs_graph_based_planner(sizes, src, dst, length):
+    import itertools
+    import math
+
+    from support.harness import ensure_fake_pg
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from redist_opt.ir.placements import parse_placements
+    from redist_opt.ir.strided import strided_reason, strided_steps
+
+    ensure_fake_pg()
+    src_p, dst_p = list(parse_placements(src)), list(parse_placements(dst))
+    shape = (length, 3) if "(0" in src else (3, length)
+    spec = MeshSpec(sizes)
+    if strided_reason(spec, src_p, dst_p, shape) is not None:
+        pytest.skip(strided_reason(spec, src_p, dst_p, shape))
+    coords = dict(enumerate(itertools.product(*(range(n) for n in sizes))))
+    with LocalTensorMode(math.prod(sizes)):
+        mesh = init_device_mesh("cpu", sizes)
+        theirs = _torch(mesh, src_p, dst_p, shape, coords)
+    ours = [
+        (s.mesh_dims, pstr(s.src), pstr(s.dst),
+         {r: tuple(sym.evaluate(x, c) for x in s.logical_shape) for r, c in coords.items()})
+        for s in strided_steps(spec, src_p, dst_p, shape)
+    ]
+    assert ours == theirs, f"\n    ours  {_describe(ours)}\n    torch {_describe(theirs)}"

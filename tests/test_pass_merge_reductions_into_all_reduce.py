@@ -15,7 +15,7 @@ from redist_opt.passes import MergeReductionsIntoAllReduce
 
 P = MergeReductionsIntoAllReduce
 DEFAULT = CostModel.default()
-GLOO = CostModel.profile("gloo")
+GLOO = CostModel.profile("gloo-ring")  # ring algorithms: the fat all_reduce never pays
 
 
 def _plan(sizes, flattened, src, dst, shape):

@@ -145,13 +145,23 @@ def test_all_to_all_merged(shape):
 
 
 NON_ASCENDING = [
-    # tensor dim 0 sharded by mesh dim b first, then a: _StridedShard encodes that order
-    ([_StridedShard(0, split_factor=2), Shard(0)], [Replicate(), Replicate()], (8, 4)),
+    # into a _StridedShard (tensor dim 0 sharded by mesh dim b first, then a)
     ([Partial(), Partial()], [_StridedShard(0, split_factor=2), Shard(0)], (8, 4)),
 ]
 
 
-@pytest.mark.parametrize("src,dst,shape", NON_ASCENDING, ids=["SS_to_RR", "PP_to_SS"])
+@pytest.mark.parametrize("shape", [(8, 4), (7, 3)], ids=["8x4", "7x3"])
+def test_non_ascending_gather_is_one_all_gather_with_permuted_blocks(shape):
+    """_S(0),S(0) -> R,R (FSDP2 + TP's checkpoint gather) on 2x2 with a+b flattened:
+    torch 2 all_gathers (its merge pass refuses non-ascending order); we gather once
+    over a+b and put the blocks back in shard order locally."""
+    o = run_three((2, 2), "ab", [("a", "b")], [_StridedShard(0, split_factor=2), Shard(0)],
+                  [Replicate(), Replicate()], shape)
+    assert o.torch.total == 2 and o.ours.total == 1 and o.ours.kinds == {"all_gather": 1}
+    assert_fewer(o)
+
+
+@pytest.mark.parametrize("src,dst,shape", NON_ASCENDING, ids=["PP_to_SS"])
 def test_non_ascending_shard_order_falls_back(monkeypatch, src, dst, shape):
     """Non-default shard orders go through torch (merge disabled): same output
     as the oracle, torch's count, and a warning that says so."""

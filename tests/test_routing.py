@@ -7,6 +7,7 @@ without dim names.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 import warnings
@@ -16,10 +17,12 @@ import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor._redistribute import Redistribute
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry
+from torch.distributed.tensor._redistribute import Redistribute, use_min_cost_redistribution_plan
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
+from redist_opt.api import routing
 from redist_opt.runtime import torch_dtensor as tdt
 from support.dtensor_values import assert_same_locals as _assert_same
 from support.dtensor_values import partial_input as _partial_input
@@ -215,3 +218,60 @@ def test_reductions_around_a_gather_merge_through_enabled():
         assert plain.get_total_counts() == 3 and routed.get_total_counts() == 2
         _assert_same(out, expected)
         assert torch.equal(full, expected.full_tensor())
+
+
+@contextlib.contextmanager
+def _observed_reasons():
+    """The hand-back reason (None: planned by redist_opt) of every routed call in the block."""
+    reasons = []
+
+    def observe(local_tensor, current_spec, target_spec, reason):
+        reasons.append(reason)
+
+    routing.OBSERVERS.append(observe)
+    try:
+        yield reasons
+    finally:
+        routing.OBSERVERS.remove(observe)
+
+
+def test_calls_under_torchs_min_cost_flag_are_planned_by_redist_opt(monkeypatch):
+    # use_min_cost_redistribution_plan() (autoparallel lowers its graph under it) only
+    # picks torch's graph-based planner over its greedy one; for default shard orders
+    # both compute the same redistribution, so redist_opt plans the call.
+    monkeypatch.setattr(redist_opt.api.errors, "_warned", set())
+    with LocalTensorMode(4) as lm:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        mesh["a", "b"]._flatten("a_b")
+        dt = _partial_input(lm, mesh, [Partial(), Partial()], (4, 6))
+        with use_min_cost_redistribution_plan(), CommDebugMode() as plain:
+            expected = dt.redistribute(mesh, [Replicate()] * 2)
+        with warnings.catch_warnings(record=True) as caught, use_min_cost_redistribution_plan():
+            warnings.simplefilter("always")
+            with redist_opt.enabled(), _observed_reasons() as reasons, CommDebugMode() as routed:
+                out = dt.redistribute(mesh, [Replicate()] * 2)
+        assert reasons == [None]
+        assert not any("using torch's redistribute" in str(w.message) for w in caught)
+        assert routed.get_total_counts() == 1 and plain.get_total_counts() == 1
+        _assert_same(out, expected)
+
+
+def test_non_default_shard_order_under_the_min_cost_flag_is_handed_back(monkeypatch):
+    # S(0),S(0) sharded by mesh dim b first, then a: torch's graph-based planner's
+    # territory, which redist_opt does not lower.
+    monkeypatch.setattr(redist_opt.api.errors, "_warned", set())
+    with LocalTensorMode(4) as lm:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        meta = tdt.tensor_meta((8, 3), (3, 1), torch.float64)
+        current = DTensorSpec(mesh, (Shard(0), Shard(0)), meta, shard_order=(ShardOrderEntry(0, (1, 0)),))
+        target = DTensorSpec(mesh, (Replicate(), Replicate()), meta)
+        local = lm.rank_map(lambda r: torch.full((2, 3), float(r), dtype=torch.float64))
+        with use_min_cost_redistribution_plan():
+            expected = tdt.TORCH_REDISTRIBUTE_LOCAL(local, current, target)
+            with redist_opt.enabled(), _observed_reasons() as reasons:
+                with pytest.warns(UserWarning, match="non-default shard order"):
+                    torch_module = importlib.import_module("torch.distributed.tensor._redistribute")
+                    out = torch_module.redistribute_local_tensor(local, current, target)
+        assert len(reasons) == 1 and "non-default shard order" in reasons[0]
+        for r in range(4):
+            assert torch.equal(out._local_tensors[r], expected._local_tensors[r]), r

@@ -14,6 +14,11 @@ over the run's expected reuse), so a group that saves nothing is never advised.
 All subsets of size <= k are tried when there are at most :data:`EXACT_LIMIT` of
 them, else groups are added greedily, the best first, while one still pays.
 
+The "torch" column is what torch 2.13 ships: DTensor's plan after its merge pass
+(``redist_opt.ir.torch_merge``), given the groups that pass can find, the root's
+flattened meshes (a recording's ``"flattened"`` layouts; not the world group nor
+an ``_unflatten`` view's root dims, which redist_opt uses and torch does not).
+
 A group is identified by its layout in its root's rank space, so two recorded
 meshes of one root (a mesh and its submesh) share it.
 """
@@ -35,6 +40,7 @@ from redist_opt.ir.cost import CostModel, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import make_plan
+from redist_opt.ir.torch_merge import torch_merged_plan
 
 __all__ = [
     "Advice",
@@ -45,6 +51,7 @@ __all__ = [
     "greedy",
     "EXACT_LIMIT",
     "mesh_spec_of_record",
+    "torch_spec_of_record",
     "mesh_record_of_spec",
     "layout_of",
 ]
@@ -59,13 +66,25 @@ def layout_of(data) -> L.FlatLayout:
     return L.FlatLayout(tuple(int(s) for s in shape), tuple(int(s) for s in stride))
 
 
+def _torch_layouts_of_record(mesh: dict) -> tuple | None:
+    """Layouts of the root's ``_flatten`` meshes, the groups torch's merge pass finds
+    (None for recordings without their layouts: every existing group)."""
+    flattened = mesh.get("flattened") or []
+    if not all("layout" in f for f in flattened):
+        return None
+    return tuple(layout_of(f["layout"]) for f in flattened)
+
+
 def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
-    """The rank-free MeshSpec of a recorded mesh, with ``extra_layouts`` also flattened."""
+    """The rank-free MeshSpec of a recorded mesh, with ``extra_layouts`` also flattened
+    (created as ``_flatten`` meshes, so torch's merge pass finds them too)."""
     existing = [layout_of(x) for x in mesh["existing"]]
+    torch_layouts = _torch_layouts_of_record(mesh)
     return MeshSpec(
         sizes=tuple(mesh["sizes"]),
         names=None if mesh["names"] is None else tuple(mesh["names"]),
         flattened=tuple(existing) + tuple(extra_layouts),
+        torch_flattened=None if torch_layouts is None else torch_layouts + tuple(extra_layouts),
         dim_layouts=tuple(layout_of(x) for x in mesh["dim_layouts"]),
         index_space=int(mesh["index_space"]),
         backend=mesh.get("backend"),
@@ -73,14 +92,35 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
     )
 
 
+def torch_spec_of_record(mesh: dict) -> MeshSpec:
+    """The MeshSpec torch's merge pass sees: only the root's flattened meshes exist."""
+    spec = mesh_spec_of_record(mesh)
+    torch_layouts = _torch_layouts_of_record(mesh)
+    return spec if torch_layouts is None else dataclasses.replace(spec, flattened=torch_layouts)
+
+
 def _layout_json(layout) -> list:
     return [list(layout.shape), list(layout.stride)]
 
 
-def mesh_record_of_spec(spec: MeshSpec, root: dict | None = None, flattened: Sequence[dict] = ()) -> dict:
+def _flattened_of_spec(spec: MeshSpec) -> list[dict]:
+    """A rank-free spec's groups, described as the root's flattened meshes."""
+    out = []
+    for layout in spec.flattened_layouts:
+        dims = L.dims_of_layout(layout, spec.dim_layouts, min_dims=2)
+        named = None if dims is None else [spec.names[d] if spec.names else d for d in dims]
+        out.append({"name": "_".join(map(str, named)) if named else None, "root_dims": named,
+                    "layout": _layout_json(layout)})
+    return out
+
+
+def mesh_record_of_spec(spec: MeshSpec, root: dict | None = None, flattened: Sequence[dict] | None = None) -> dict:
     """A recording's mesh entry for ``spec`` (``root``: the root mesh's sizes and names,
-    default: the mesh itself; ``flattened``: names of the flattened meshes that exist)."""
+    default: the mesh itself; ``flattened``: the root's flattened meshes, default: every
+    group ``spec`` lists, as a rank-free spec's groups are the ones the user flattened)."""
     names = None if spec.names is None else list(spec.names)
+    if flattened is None:
+        flattened = _flattened_of_spec(spec)
     return {
         "sizes": list(spec.sizes),
         "names": names,
@@ -163,12 +203,21 @@ class _Planner:
         self.meshes = meshes
         self.entries = entries
         self.specs = [mesh_spec_of_record(m) for m in meshes]
+        self.torch_specs = [torch_spec_of_record(m) for m in meshes]
         self.models = [(cost, cost_source) if cost is not None else resolve(s) for s in self.specs]
         self._cache: dict = {}
 
     def spec(self, mesh: int, chosen: Iterable[Candidate]) -> MeshSpec:
         extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[mesh])}, key=str)
         return self.specs[mesh].with_flattened(extra) if extra else self.specs[mesh]
+
+    def torch_plan(self, i: int, chosen: Iterable[Candidate] = ()):
+        """torch 2.13's shipped plan of entry ``i`` (its merge pass on, the groups it
+        finds, ``chosen`` created with ``_flatten``), or None (not plannable)."""
+        e = self.entries[i]
+        extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[e["mesh"]])}, key=str)
+        naive = self._naive(e, self.torch_specs[e["mesh"]].with_flattened(extra))
+        return None if naive is None else torch_merged_plan(naive)
 
     def plans(self, i: int, chosen: Iterable[Candidate]):
         """(naive, optimized) plan of entry ``i`` with ``chosen`` created, or None (not plannable)."""
@@ -179,14 +228,19 @@ class _Planner:
             self._cache[key] = self._plan(e, spec)
         return self._cache[key]
 
-    def _plan(self, e, spec):
+    @staticmethod
+    def _naive(e, spec):
         if e.get("torch_only") or not all(isinstance(s, int) for s in e["shape"]):
             return None
         try:
             naive = make_plan(spec, e["src"], e["dst"], tuple(e["shape"]), getattr(torch, e["dtype"]))
         except RedistributeError:
             return None
-        if naive.fallback:
+        return None if naive.fallback else naive
+
+    def _plan(self, e, spec):
+        naive = self._naive(e, spec)
+        if naive is None:
             return None
         model = self.models[e["mesh"]][0]
         return naive, optimize(naive, groups="existing", cost=model)
@@ -269,8 +323,9 @@ def advise(
 ) -> Advice:
     """The best set of at most ``max_new_groups`` new flattened groups for a recorded step
     (``Recording.meshes`` / ``.redistributions``), with per-site collectives, bytes and
-    modelled time per step: torch (DTensor's own plan, its merge pass off), with the
-    existing groups, and with the advised groups."""
+    modelled time per step: torch (what torch 2.13 ships: DTensor's plan after its merge
+    pass, given the root's flattened meshes), with the existing groups, with the
+    advised groups, and torch alone with the advised groups (``"torch_advised"``)."""
     if max_new_groups < 0:
         raise RedistributeError(f"max_new_groups={max_new_groups} must be >= 0")
     planner = _Planner(list(meshes), list(entries), cost, cost_source)
@@ -302,9 +357,10 @@ def _candidate_dict(planner: _Planner, c: Candidate) -> dict:
 
 
 def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
-    """Per call site and in total: torch / existing groups / advised groups."""
+    """Per call site and in total: torch / existing groups / advised groups / torch alone
+    with the advised groups (its merge pass finds them too)."""
     sites: dict[str, dict] = {}
-    totals = {k: _Row() for k in ("torch", "existing", "advised")}
+    totals = {k: _Row() for k in ("torch", "existing", "advised", "torch_advised")}
     for i, e in enumerate(planner.entries):
         label = e["site"]["label"]
         site = sites.setdefault(label, {"site": label, "calls": 0, "redistributions": [], "rows": None})
@@ -318,7 +374,10 @@ def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
         if before is None:
             continue
         model = planner.models[e["mesh"]][0]
-        for key, plan in (("torch", before[0]), ("existing", before[1]), ("advised", after[1])):
+        shipped = [planner.torch_plan(i, groups) for groups in ((), chosen)]
+        shipped = [before[0] if plan is None else plan for plan in shipped]
+        pairs = (("torch", shipped[0]), ("existing", before[1]), ("advised", after[1]), ("torch_advised", shipped[1]))
+        for key, plan in pairs:
             rows[key].add(plan, model, e["count"])
             totals[key].add(plan, model, e["count"])
     creation = sum(planner.creation_time(c) for c in chosen)

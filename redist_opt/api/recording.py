@@ -17,9 +17,11 @@ so a compiled step is recorded when it is traced: record the step that compiles.
      "meshes": [{"sizes": [2, 2, 2], "names": ["dp", "cp", "tp"],
                  "dim_layouts": [[[2], [4]], [[2], [2]], [[2], [1]]],  # [shape, stride] each
                  "index_space": 8, "backend": "gloo", "ranks_ascending": true,
-                 "existing": [[[8], [1]]],         # layouts of the multi-dim groups that exist
+                 "existing": [[[4], [2]], [[8], [1]]],  # layouts of the multi-dim groups that exist
                  "root": {"sizes": [8], "names": ["world"]},
-                 "flattened": [{"name": "dp_cp", "root_dims": ["dp", "cp"]}]}],
+                 # the root's flattened meshes (``_flatten``), the only groups torch's
+                 # merge pass looks up ("existing" also has the world group and root dims)
+                 "flattened": [{"name": "dp_cp", "root_dims": null, "layout": [[4], [2]]}]}],
      "redistributions": [{"mesh": 0, "src": "P,P,S(1)", "dst": "R,R,S(1)",
                           "shape": [16, 8], "dtype": "float32",
                           "site": {"label": "backward MmBackward0 aten.mm.default @ train.py:40",
@@ -71,9 +73,10 @@ def _mesh_record(device_mesh, spec) -> dict:
     root = L.root_mesh(device_mesh)
     root_names = list(root.mesh_dim_names) if root.mesh_dim_names else None
     flattened = []
-    for name, _flat, dims in L.flattened_dims(device_mesh):
+    for name, flat, dims in L.flattened_dims(device_mesh):
         named = None if dims is None else [root_names[d] if root_names else d for d in dims]
-        flattened.append({"name": name, "root_dims": named})
+        layout = L.collapse(L.device_mesh_dim_layouts(flat))
+        flattened.append({"name": name, "root_dims": named, "layout": [list(layout.shape), list(layout.stride)]})
     return mesh_record_of_spec(spec, {"sizes": list(root.shape), "names": root_names}, flattened)
 
 

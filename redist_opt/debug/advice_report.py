@@ -10,11 +10,12 @@ __all__ = ["format_text", "render_svg", "COLUMNS"]
 
 # (key, heading) of the three plans compared per call site.
 COLUMNS = (
-    ("torch", "torch (DTensor's plan, merge pass off)"),
+    ("torch", "torch 2.13 (its merge pass, existing groups)"),
     ("existing", "redist_opt, existing groups"),
     ("advised", "redist_opt, advised groups"),
+    ("torch_advised", "torch 2.13 alone, advised groups"),
 )
-_COLORS = {"torch": "#b0b0b0", "existing": "#7aa6d6", "advised": "#2f7d32"}
+_COLORS = {"torch": "#b0b0b0", "existing": "#7aa6d6", "advised": "#2f7d32", "torch_advised": "#e0a040"}
 
 
 def _cell(row: dict) -> str:

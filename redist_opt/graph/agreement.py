@@ -25,20 +25,35 @@ interleave with collectives the program still has in flight::
 The first rank to decide fixes the verdict for everyone, at once and for the rest
 of the job: every rank of the round either uses the intersection ("commit": all
 candidates were in the store when it was decided) or leaves the chain as it was
-from the slice on ("abort", with the reason recorded). A rank that compiles one
-more graph than the others (a recompile) finds the answers of the same chain
-already in the store, or gives up after the timeout on a chain nobody else
-compiles; rank sets compiling different programs (pipeline stages) never wait
-for each other. Keys depend only on what is agreed, never on how many agreements
-a process made before.
+from the slice on ("abort", with the reason recorded). Rank sets compiling
+different programs (pipeline stages) never wait for each other.
+
+Which compiles share a round depends on where the slices come from:
+
+* Every slice of the chain was put there by DTensor (its metadata says it selects
+  the caller's block): the same chain text means the same candidates on every
+  rank, so the key is the chain alone and a rank that compiles one more graph than
+  the others (a recompile) finds the answers already in the store.
+* Some slice is of unknown origin: the same text can mean different programs on
+  different ranks. A user's ``chunk(2)[0]`` on the rank of coordinate 0 reads
+  exactly like the rank-dependent slice compiled before it, while on the other
+  ranks it does not, so an answer found in the store could be right on one rank
+  and wrong on the others. Such a chain is agreed afresh on every compile: its key
+  also holds how many rounds of the same text this process has asked before,
+  which is the same on ranks compiling the same graphs in the same order. A lone
+  recompile of it gives up after the timeout and keeps the traced chain; when an
+  earlier round of the same text was committed (so the other ranks may run that
+  rewrite) it warns, since its collectives may then not match theirs.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import pickle
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -54,14 +69,21 @@ _POLL_S = 0.01
 _KEY_PREFIX = "redist_opt/graph_pass/agree"
 
 
+# Rounds asked so far per chain text, for chains agreed afresh on every compile.
+_rounds_asked: collections.Counter = collections.Counter()
+
+
 @dataclasses.dataclass(frozen=True)
 class Agreement:
     """One round: ``facts`` (this rank's candidates, one list per slice of a chain) to
-    intersect with those of ``ranks``; ``key`` names what is agreed."""
+    intersect with those of ``ranks``; ``key`` names what is agreed; ``earlier`` is
+    the key of the previous round of the same chain text, for chains agreed afresh
+    on every compile."""
 
     key: str
     ranks: tuple[int, ...]
     facts: list
+    earlier: str | None = None
 
 
 def _op_fingerprint(op: ChainOp) -> tuple:
@@ -90,7 +112,16 @@ def agreement_for(chain: Chain, facts: list) -> Agreement:
         (ctx.spec.sizes, ctx.spec.names, repr(ctx.rank_map)),
         ranks,
     )
-    return Agreement(hashlib.sha256(repr(what).encode()).hexdigest()[:32], ranks, facts)
+    if all(op.trusted for op in chain.ops if op.kind == "slice"):
+        return Agreement(_digest(what), ranks, facts)
+    text = repr(what)
+    _rounds_asked[text] += 1
+    n = _rounds_asked[text]
+    return Agreement(_digest((what, n)), ranks, facts, _digest((what, n - 1)) if n > 1 else None)
+
+
+def _digest(what) -> str:
+    return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
 
 def slice_candidates(chain: Chain, op: ChainOp) -> tuple[list, list]:
@@ -212,6 +243,18 @@ def _decide(store, req: Agreement, deadline: float, timeout_s: float):
         answered = store.check(keys)
     verdict = store.compare_set(decision, "", "commit" if answered else "abort")
     if verdict != b"commit":
-        return (f"not every rank of {list(req.ranks)} gave its slice facts within {timeout_s:g} s "
-                "(the chain is left as it was from here on every one of them)")
+        reason = (f"not every rank of {list(req.ranks)} gave its slice facts within {timeout_s:g} s "
+                  "(the chain is left as it was from here on every one of them)")
+        if req.earlier is not None and _committed(store, req.earlier):
+            warnings.warn(
+                f"redist_opt graph pass: rank {dist.get_rank()} compiled again a chain the ranks "
+                f"{list(req.ranks)} rewrote before, and the others did not join its agreement "
+                f"within {timeout_s:g} s; this graph keeps the traced collectives, which may not "
+                "match the rewritten ones the other ranks run", stacklevel=2)
+        return reason
     return [pickle.loads(store.get(k)) for k in keys]
+
+
+def _committed(store, key: str) -> bool:
+    decision = f"{_KEY_PREFIX}/{key}/decision"
+    return store.check([decision]) and store.get(decision) == b"commit"

@@ -166,14 +166,14 @@ def graph_compiler(inner) -> Callable:
 
 def run_graph_pass(
     gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch"
-) -> None:
-    """The compiled-graph pass on ``gm``, in place. If it fails, ``gm`` gets back the
-    graph as traced and a warning is given once per distinct failure: a compile that
-    works never fails because of the pass."""
+) -> "graph_pass.GraphPassResult | None":
+    """The compiled-graph pass on ``gm``, in place; its result, or None if it failed.
+    If it fails, ``gm`` gets back the graph as traced and a warning is given once per
+    distinct failure: a compile that works never fails because of the pass."""
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        graph_pass.optimize_graph(
+        return graph_pass.optimize_graph(
             gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives
         )
     except Exception as e:  # never turn a compile that works into one that fails
@@ -183,6 +183,7 @@ def run_graph_pass(
             ("graph-pass", type(e).__name__, str(e)),
             f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
         )
+        return None
 
 
 # -- reading collectives back out of a traced graph ------------------------------------

@@ -41,7 +41,9 @@ def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) ->
     ``options``: ``cost`` and ``prefer``, as for :func:`redist_opt.optimize`.
 
     Usage: ``aot_autograd(fw_compiler=compiler_fn(meshes=mesh), bw_compiler=...)``,
-    or autoparallel's ``autop.compiler_fn = compiler_fn(meshes=mesh, inner=autop.compiler_fn)``.
+    or autoparallel's ``autop.compiler_fn = compiler_fn(meshes=mesh, inner=autop.compiler_fn)``
+    (an attribute of ``AutoParallel``, set before ``apply_placement``; keep
+    autoparallel's own compiler as ``inner``: it tags the forward's saved values).
     """
     if not isinstance(groups, str):
         raise ValueError(
@@ -57,11 +59,15 @@ def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) ->
 
 
 class GraphPassCompiler:
-    """What :func:`compiler_fn` returns; ``graphs`` counts the graphs it compiled."""
+    """What :func:`compiler_fn` returns; ``graphs`` counts the graphs it compiled and
+    ``results`` holds the pass's :class:`~redist_opt.graph.graph_pass.GraphPassResult`
+    of each, in order (None for a graph whose pass failed and was compiled as traced):
+    what was rewritten, and why the rest was kept."""
 
     def __init__(self, meshes, groups: str, inner, options: dict) -> None:
         self.meshes, self.groups, self.inner, self.options = meshes, groups, inner, dict(options)
         self.graphs = 0
+        self.results: list = []
 
     def __repr__(self) -> str:
         inner = self.inner if self.inner is None or isinstance(self.inner, str) else getattr(
@@ -69,10 +75,11 @@ class GraphPassCompiler:
         return f"redist_opt.graph_pass.compiler_fn(groups={self.groups!r}, inner={inner!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
-        run_graph_pass(
+        result = run_graph_pass(
             gm, meshes=self.meshes, groups=self.groups,
             cost=self.options.get("cost"), prefer=self.options.get("prefer", "time"),
         )  # fmt: skip
+        self.results.append(result)
         self.graphs += 1
         if self.inner is None:
             return gm.forward

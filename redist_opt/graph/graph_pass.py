@@ -44,9 +44,10 @@ collectives before it) for the other users, and is rewritten only when it is
 cheaper counting the kept collectives on both sides, and cheaper than the chain
 after that value rewritten alone (which is then tried instead).
 
-What it does not do: chains through ``all_to_all_single``, uneven shards (pad /
-narrow), collectives on different root meshes. Each is left as it was with a
-one-line reason in the result (and in the dump).
+What it does not do: raise chains through ``all_to_all_single`` or uneven shards
+(pad / narrow), though plans using them are lowered; collectives on different
+root meshes. Each is left as it was with a one-line reason in the result (and in
+the dump).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
-from redist_opt.graph import agreement, chain_placements, lower_chains, mesh_groups, raise_chains, reassociate
+from redist_opt.graph import agreement, chain_placements, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import agree_slice_dims
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, truncate
@@ -359,7 +360,7 @@ except ImportError:  # pragma: no cover
 # The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
 SOURCE_FILES = (__file__, *(
     m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains,
-                         reassociate)
+                         lower_ops, reassociate)
 ))
 
 

@@ -2,17 +2,12 @@
 
 The inverse of :mod:`redist_opt.graph.raise_chains`. Each IR collective becomes the
 functional collective torch itself would trace, over a real group name, followed
-by its ``wait_tensor``; local IR ops become aten ops with this rank's block
-indices (the IR is rank-free; the graph a rank compiles holds its own
-constants, exactly as DTensor's traced graphs do)::
-
-    all_reduce(x, G, op)            all_reduce(x, op, name(G)); wait_tensor
-    reduce_scatter(x, G, op, 0)     reduce_scatter_tensor(x, op, |G|, name(G)); wait_tensor
-    reduce_scatter(x, G, op, d>0)   cat(split(x, s/|G|, d), 0) first, as funcol does
-    all_gather(x, G, 0)             all_gather_into_tensor(x, |G|, name(G)); wait_tensor
-    all_gather(x, G, d>0)           then cat(split(y, rows, 0), d), as funcol does
-    select_chunk(x, d, n, c)        slice(x, d, c*s, (c+1)*s); clone
-    divide(x, k)                    div(x, k)
+by its ``wait_tensor``; local IR ops become aten ops with this rank's sizes and
+block indices (the IR is rank-free; the graph a rank compiles holds its own
+constants, exactly as DTensor's traced graphs do). Every op of the IR op table
+(``redist_opt.ir.ops.OPS``) has a lowering, in :mod:`redist_opt.graph.lower_ops`:
+collectives, all_to_all (one split dim or several), padding and narrowing for
+uneven shards, and ``unpack_blocks`` (the local half of a ``gather_blocks`` step).
 
 Placement (so Inductor's bucketing and overlap passes see ordinary collectives
 where the program had them): every node up to the last collective is inserted
@@ -22,13 +17,12 @@ after it where the chain's last wait was.
 Groups: ``groups="existing"`` uses a mesh dim's group, a flattened mesh or the
 world group with the same layout (``redist_opt.runtime.groups.resolve_group``);
 ``groups="create"`` flattens the mesh dims on first use. Groups are created at
-compile time, in graph order, which is the same on every rank. Pad/narrow ops
-(uneven shards) and all_to_all are not lowered: a plan needing them is not used.
+compile time, in graph order, which is the same on every rank.
 """
 
 from __future__ import annotations
 
-import operator
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -36,11 +30,12 @@ import torch.fx as fx
 
 from redist_opt import ir
 from redist_opt.graph.chain import C10D
+from redist_opt.graph.lower_ops import COLLECTIVE_LOWERINGS, LOCAL_LOWERINGS, LOWERED_OPS, Emitter, rank_params
 from redist_opt.graph.mesh_groups import MeshContext
 from redist_opt.ir import symbolic as sym
 from redist_opt.runtime.groups import GroupUnavailable, resolve_group
 
-__all__ = ["Unlowerable", "group_name", "lower_into_graph"]
+__all__ = ["Unlowerable", "group_name", "lower_into_graph", "lower_plan"]
 
 aten = torch.ops.aten
 
@@ -60,46 +55,34 @@ def group_name(ctx: MeshContext, group, policy: str) -> str:
     return (found if found is not None else dist.group.WORLD).group_name
 
 
-def _fake_val(target, args, kwargs):
-    def val(a):
-        if isinstance(a, fx.Node):
-            return a.meta.get("val")
-        if isinstance(a, (list, tuple)):
-            return type(a)(val(x) for x in a)
-        return a
-
-    vargs, vkwargs = val(args), {k: val(v) for k, v in kwargs.items()}
-    flat = [a for a in torch.utils._pytree.tree_leaves((vargs, vkwargs)) if isinstance(a, torch.Tensor)]
-    if not flat:
-        return None
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode(flat)
-    if mode is None:
-        return None
-    with mode:
-        return target(*vargs, **vkwargs)
-
-
-class _Emitter:
-    def __init__(self, graph: fx.Graph) -> None:
-        self.graph = graph
-
-    def __call__(self, target, *args, **kwargs) -> fx.Node:
-        node = self.graph.call_function(target, args, kwargs)
-        v = _fake_val(target, args, kwargs)
-        if v is not None:
-            node.meta["val"] = v
-        return node
-
-    def split_cat(self, x: fx.Node, size: int, split_dim: int, n: int, cat_dim: int) -> fx.Node:
-        parts = self(aten.split.Tensor, x, size, split_dim)
-        items = [self(operator.getitem, parts, i) for i in range(n)]
-        return self(aten.cat.default, items, cat_dim)
-
-
 def _shape_at(shape, coord) -> list[int]:
     return [sym.evaluate(s, coord) for s in shape]
+
+
+def _plan_ops(plan) -> list[fx.Node]:
+    gm = plan if isinstance(plan, fx.GraphModule) else plan.graph  # a Plan, or its IR
+    return [n for n in gm.graph.nodes if ir.ir_name(n) is not None]
+
+
+def _group_names(ops, ctx: MeshContext, policy: str) -> dict:
+    """Every op is lowerable and every group resolves, or Unlowerable (graph untouched)."""
+    names = {}
+    for n in ops:
+        name = ir.ir_name(n)
+        if name not in LOWERED_OPS:
+            raise Unlowerable(f"the optimized plan needs {name}, which is not lowered into graphs")
+        if ir.is_collective(n) and n.args[1] not in names:
+            names[n.args[1]] = group_name(ctx, n.args[1], policy)
+    return names
+
+
+def lower_plan(graph: fx.Graph, plan, x: fx.Node, ctx: MeshContext, policy: str) -> fx.Node:
+    """Emit ``plan``'s IR on ``x`` at ``graph``'s insertion point (waits right after their
+    collectives); the value on this rank. For graphs built around a plan (tests, tools)."""
+    ops = _plan_ops(plan)
+    names = _group_names(ops, ctx, policy)
+    x = _emit_ops(Emitter(graph), ops, x, names, ctx.coord, None, None)
+    return x if ops else Emitter(graph)(aten.clone.default, x)
 
 
 def lower_into_graph(graph: fx.Graph, chain, plan, policy: str) -> fx.Node:
@@ -109,33 +92,15 @@ def lower_into_graph(graph: fx.Graph, chain, plan, policy: str) -> fx.Node:
     this lowering does not emit or a group that cannot be had.
     """
     ctx: MeshContext = chain.ctx
-    coord = ctx.coord
-    ops = [n for n in plan.graph.graph.nodes if ir.ir_name(n) is not None]
-    names = {}
-    for n in ops:
-        name = ir.ir_name(n)
-        if name not in ("all_reduce", "reduce_scatter", "all_gather", "select_chunk", "divide"):
-            raise Unlowerable(f"the optimized plan needs {name}, which is not lowered into graphs")
-        if ir.is_collective(n) and n.args[1] not in names:
-            names[n.args[1]] = group_name(ctx, n.args[1], policy)
+    ops = _plan_ops(plan)
+    names = _group_names(ops, ctx, policy)
     colls = [op for op in chain.ops if op.kind in ("all_reduce", "reduce_scatter", "all_gather")]
     first_coll = colls[0].nodes[0]  # (or the split/cat laying out its input)
     last_wait = next(n for n in colls[-1].nodes if n.target is C10D.wait_tensor.default)
-    last_coll_index = max([i for i, n in enumerate(ops) if ir.is_collective(n)], default=-1)
 
-    emit = _Emitter(graph)
-    x = chain.input
-    # Waits of all but the last collective stay right after their collective; the last
-    # wait goes where the chain's last wait was.
-    pending = False
-    with graph.inserting_before(first_coll):
-        for i, n in enumerate(ops[: last_coll_index + 1]):
-            x, pending = _emit_op(emit, n, x, names, coord, wait=i != last_coll_index)
+    emit = Emitter(graph)
+    x = _emit_ops(emit, ops, chain.input, names, ctx.coord, first_coll, last_wait)
     with graph.inserting_before(last_wait):
-        if pending:
-            x = emit(C10D.wait_tensor.default, x)
-        for n in ops[last_coll_index + 1:]:
-            x, _ = _emit_op(emit, n, x, names, coord, wait=True)
         if not ops:
             x = emit(aten.clone.default, x)  # a fresh tensor, as the chain's output was
         for op in chain.ops:
@@ -145,37 +110,45 @@ def lower_into_graph(graph: fx.Graph, chain, plan, policy: str) -> fx.Node:
     return x
 
 
-def _emit_op(emit: _Emitter, n: fx.Node, x: fx.Node, names, coord, *, wait: bool) -> tuple[fx.Node, bool]:
-    """Emit one IR op; returns (value, whether it is a collective still to be waited on)."""
-    name = ir.ir_name(n)
-    params = n.args[1:]
-    in_shape = _shape_at(n.args[0].meta["shape"], coord)
-    if name == "all_reduce":
-        group, op = params
-        x = emit(C10D.all_reduce.default, x, op, names[group])
-    elif name == "reduce_scatter":
-        group, op, dim = params
-        if dim != 0:
-            x = emit.split_cat(x, in_shape[dim] // group.size, dim, group.size, 0)
-        # (blocks of dim `dim` were stacked on dim 0: the result has the local shape)
-        x = emit(C10D.reduce_scatter_tensor.default, x, op, group.size, names[group])
-    elif name == "all_gather":
-        group, dim = params
-        x = emit(C10D.all_gather_into_tensor.default, x, group.size, names[group])
-        if dim != 0:
-            x = emit(C10D.wait_tensor.default, x)
-            return emit.split_cat(x, in_shape[0], 0, group.size, dim), False
-    elif name == "select_chunk":
-        dim, count, index = params
-        k = sym.evaluate(index, coord)
-        size = in_shape[dim] // count
-        x = emit(aten.slice.Tensor, x, dim, k * size, (k + 1) * size)
-        return emit(aten.clone.default, x), False
-    elif name == "divide":
-        (divisor,) = params
-        return emit(aten.div.Tensor, x, divisor), False
-    else:  # pragma: no cover - checked before emitting
-        raise Unlowerable(name)
-    if wait:
-        return emit(C10D.wait_tensor.default, x), False
-    return x, True
+def _at(graph: fx.Graph, anchor):
+    return graph.inserting_before(anchor) if anchor is not None else contextlib.nullcontext()
+
+
+def _emit_ops(emit: Emitter, ops, x: fx.Node, names, coord, first_anchor, last_anchor) -> fx.Node:
+    """Ops up to the last collective go before ``first_anchor``; the last collective's wait
+    and everything after it before ``last_anchor`` (None: the current insertion point)."""
+    last_coll = max([i for i, n in enumerate(ops) if ir.is_collective(n)], default=-1)
+    pending = None
+    with _at(emit.graph, first_anchor):
+        for i, n in enumerate(ops[: last_coll + 1]):
+            if not ir.is_collective(n):
+                x = _emit_local(emit, n, x, coord)
+                continue
+            issued, post = _emit_collective(emit, n, x, names, coord)
+            if i != last_coll:
+                x = _finish(emit, issued, post)
+            else:
+                pending = (issued, post)
+    with _at(emit.graph, last_anchor):
+        if pending is not None:
+            x = _finish(emit, *pending)
+        for n in ops[last_coll + 1:]:
+            x = _emit_local(emit, n, x, coord)
+    return x
+
+
+def _finish(emit: Emitter, issued: fx.Node, post) -> fx.Node:
+    y = emit(C10D.wait_tensor.default, issued)
+    return post(emit, y) if post is not None else y
+
+
+def _emit_local(emit: Emitter, n: fx.Node, x: fx.Node, coord) -> fx.Node:
+    shape = _shape_at(n.args[0].meta["shape"], coord)
+    return LOCAL_LOWERINGS[ir.ir_name(n)](emit, x, shape, *rank_params(n.args[1:], coord))
+
+
+def _emit_collective(emit: Emitter, n: fx.Node, x: fx.Node, names, coord):
+    group, *params = n.args[1:]
+    shape = _shape_at(n.args[0].meta["shape"], coord)
+    lower = COLLECTIVE_LOWERINGS[ir.ir_name(n)]
+    return lower(emit, x, shape, names[group], group.size, *rank_params(params, coord))

@@ -11,6 +11,10 @@ Interface used by the passes (keep it stable):
         group: MeshGroup; nbytes: bytes each rank feeds in; mesh: MeshSpec
     model.plan_time(plan) -> seconds       # sum over the plan's collectives
     model.group_creation_time(group, mesh) -> seconds (paid once under groups="create")
+    model.fitted: ((kind, group size, link, up_to_nbytes, per_call_s, per_byte_s), ...)
+        measured by `redist-opt calibrate`; a collective whose (kind, size, link) is
+        listed costs per_call + per_byte * nbytes of the first row whose up_to_nbytes
+        covers nbytes (the last row beyond), any other the alpha-beta formula
     resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
         # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
         # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
@@ -23,6 +27,8 @@ import functools
 import json
 import math
 import os
+
+from redist_opt.ir import gloo_measured
 
 __all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile"]
 
@@ -62,6 +68,28 @@ def _as_int(key: str, value) -> int:
     return int(value)
 
 
+def _fitted_rows(value) -> tuple:
+    """The ``fitted`` field from JSON: rows [kind, p, link, up_to_nbytes, per_call_s, per_byte_s]."""
+    shape = "[kind, p, link, up_to_nbytes, per_call_s, per_byte_s]"
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"cost profile fitted={value!r} must be a list of {shape}")
+    rows = []
+    for row in value:
+        if not isinstance(row, (list, tuple)) or len(row) != 6:
+            raise ValueError(f"cost profile fitted row {row!r} must be {shape}")
+        kind, p, link, up_to, a, b = row
+        if kind not in KINDS:
+            raise ValueError(f"cost profile fitted row {row!r}: unknown collective kind {kind!r}")
+        if link not in ("intra", "inter"):
+            raise ValueError(f"cost profile fitted row {row!r}: link {link!r} is not intra or inter")
+        for x in (a, b):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 0 and math.isfinite(x)):
+                raise ValueError(f"cost profile fitted row {row!r}: terms must be finite numbers >= 0")
+        rows.append((kind, _as_int("fitted group size", p), link, _as_int("fitted up_to_nbytes", up_to),
+                     float(a), float(b)))  # fmt: skip
+    return tuple(rows)
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     name: str = "nccl"
@@ -83,6 +111,12 @@ class CostModel:
     # The backend runs reduce_scatter as a full all_reduce plus a local slice (gloo's
     # CPU reduce_scatter measures as slow as all_reduce); `calibrate` fits this.
     reduce_scatter_as_all_reduce: bool = False
+    # Measured terms per (kind, group size, link "intra" | "inter") and size range:
+    # rows (kind, p, link, up_to_nbytes, per_call_s, per_byte_s), per byte each rank
+    # feeds in. Where calibration measured a collective, its own piecewise line beats
+    # the shared alpha-beta fit (gloo's all_gather and all_to_all do not scale like a
+    # ring, and a scalar all_reduce leaves most of the ring idle).
+    fitted: tuple = ()
 
     @classmethod
     def default(cls) -> "CostModel":
@@ -93,10 +127,29 @@ class CostModel:
         if name == "nccl":
             return cls()
         if name == "gloo":
-            # Measured order of magnitude on this CPU (8 processes, 2 cores):
-            # ring algorithms, high per-step latency, memory-bound bandwidth.
+            # Measured with `redist-opt calibrate` on 8 gloo ranks of this 2-core machine
+            # (ir/gloo_measured.py): per-call + per-byte curves per collective and group
+            # size, alpha-beta terms for the rest. The textbook ring model below
+            # ("gloo-ring") split a loss all_reduce in two where one was measured faster.
+            ab = gloo_measured.ALPHA_BETA
             return cls(
                 name="gloo",
+                launch=ab["launch"],
+                alpha_intra=ab["alpha"],
+                alpha_inter=ab["alpha"],
+                bw_intra=ab["bw"],
+                bw_inter=ab["bw"],
+                devices_per_host=None,
+                algorithm=ab["algorithm"],
+                create_group=ab["create_group"],
+                reduce_scatter_as_all_reduce=True,
+                fitted=gloo_measured.FITTED,
+            )
+        if name == "gloo-ring":
+            # The previous gloo profile: ring algorithms, per-step latency above the
+            # launch cost, memory-bound bandwidth (kept as a high-latency ring model).
+            return cls(
+                name="gloo-ring",
                 launch=30e-6,
                 alpha_intra=60e-6,
                 alpha_inter=60e-6,
@@ -105,11 +158,9 @@ class CostModel:
                 devices_per_host=None,
                 algorithm="ring",
                 create_group=20e-3,
-                # Measured by `redist-opt calibrate`: gloo's reduce_scatter costs
-                # about as much as its all_reduce.
                 reduce_scatter_as_all_reduce=True,
             )
-        raise ValueError(f"unknown cost profile {name!r} (known: nccl, gloo)")
+        raise ValueError(f"unknown cost profile {name!r} (known: {', '.join(BUILTIN_PROFILES)})")
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
@@ -128,7 +179,9 @@ class CostModel:
         kwargs = {}
         for key, value in data.items():
             default = fields[key].default
-            if key == "devices_per_host":
+            if key == "fitted":
+                kwargs[key] = _fitted_rows(value)
+            elif key == "devices_per_host":
                 kwargs[key] = None if value is None else _as_int(key, value)
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -149,7 +202,9 @@ class CostModel:
         return model
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["fitted"] = [list(row) for row in self.fitted]
+        return data
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -191,15 +246,47 @@ class CostModel:
             f.write("\n")
         os.replace(tmp, path)
 
-    def _link(self, group, mesh) -> tuple[float, float]:
-        """(alpha, bandwidth) of the slowest link the group spans."""
+    def link(self, group, mesh=None) -> str:
+        """"intra" when the group stays within a host, else "inter"."""
         if self.devices_per_host is None or mesh is None:
-            return self.alpha_intra, self.bw_intra
+            return "intra"
         # A group stays within a host when every mode of its layout tiles the
         # host's block of consecutive rank indices: size*stride divides it.
         if all(self.devices_per_host % (s * d) == 0 for s, d in zip(group.layout.shape, group.layout.stride)):
-            return self.alpha_intra, self.bw_intra
-        return self.alpha_inter, self.bw_inter
+            return "intra"
+        return "inter"
+
+    def _fitted_time(self, kind: str, p: int, link: str, nbytes: float) -> float | None:
+        """The measured curve's time; for a group size between (or past) the measured
+        ones, linear in the group size between the two nearest; None when ``kind`` was
+        not measured on ``link``."""
+        index = self._fitted_index
+
+        def at(size: int) -> float:
+            segments = index[(kind, size, link)]
+            _, a, b = next((seg for seg in segments if nbytes <= seg[0]), segments[-1])
+            return a + b * nbytes
+
+        if (kind, p, link) in index:
+            return at(p)
+        sizes = sorted(q for k, q, ln in index if k == kind and ln == link)
+        if not sizes:
+            return None
+        if len(sizes) == 1:
+            return at(sizes[0])
+        below = [q for q in sizes if q < p]
+        lo, hi = (below[-1], next(q for q in sizes if q > p)) if below and p < sizes[-1] else (
+            (sizes[0], sizes[1]) if not below else (sizes[-2], sizes[-1]))
+        t_lo, t_hi = at(lo), at(hi)
+        return max(0.0, t_lo + (t_hi - t_lo) * (p - lo) / (hi - lo))
+
+    @functools.cached_property
+    def _fitted_index(self) -> dict:
+        """(kind, p, link) -> [(up_to_nbytes, per_call, per_byte), ...] by size."""
+        index: dict = {}
+        for k, p, link, up_to, a, b in self.fitted:
+            index.setdefault((k, p, link), []).append((up_to, a, b))
+        return {key: sorted(rows) for key, rows in index.items()}
 
     def collective_time(self, kind: str, group, nbytes: int, mesh=None) -> float:
         p = group.size
@@ -207,7 +294,17 @@ class CostModel:
             if kind not in KINDS:
                 raise ValueError(f"unknown collective kind {kind!r} (known: {', '.join(KINDS)})")
             return 0.0
-        alpha, bw = self._link(group, mesh)
+        return self.time_of(kind, p, self.link(group, mesh), nbytes)
+
+    def time_of(self, kind: str, p: int, link: str, nbytes: float) -> float:
+        """Seconds of one ``kind`` collective over ``p`` ranks on ``link`` ("intra" | "inter")."""
+        if p <= 1:
+            return 0.0
+        if self.fitted:
+            measured = self._fitted_time(kind, p, link, nbytes)
+            if measured is not None:
+                return measured
+        alpha, bw = (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
         if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
             kind = "all_reduce"
         steps, moved = steps_and_bytes(kind, p, nbytes, self.algorithm)
@@ -227,7 +324,7 @@ class CostModel:
 # Names a cost profile for every plan optimized without ``cost=``: a JSON file
 # written by ``redist-opt calibrate`` (or ``CostModel.save``), or a built-in name.
 PROFILE_ENV = "REDIST_OPT_COST_PROFILE"
-BUILTIN_PROFILES = ("nccl", "gloo")
+BUILTIN_PROFILES = ("nccl", "gloo", "gloo-ring")
 
 
 def backend_profile(backend: str | None) -> str:

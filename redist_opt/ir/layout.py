@@ -116,6 +116,14 @@ def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
     return out
 
 
+def flatten_mapping_layouts(device_mesh) -> frozenset:
+    """Collapsed layouts of the root's ``_flatten`` meshes: the groups torch 2.13's
+    merge pass finds (``_get_flattened_mesh_by_layout``), unlike
+    :func:`known_communicators` not the world group nor the root's own dims."""
+    root = device_mesh._get_root_mesh()
+    return frozenset(flat._layout.collapse() for flat in root._flatten_mapping.values())
+
+
 def ranks_ascending(device_mesh) -> bool:
     """Whether the root's rank map lists global ranks in ascending order (so a
     communicator's rank order, ascending global rank, is ascending rank index)."""

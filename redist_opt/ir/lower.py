@@ -13,9 +13,10 @@ A partial p-norm (``_NormPartial(p)``, reduce op ``"norm(p)"``) reduces as torch
 does: ``power(x, p)``, the sum collective, ``root(x, p)``; R -> P(norm p) divides
 by ``n ** (1/p)``. A merged norm step is one pre-step, one collective, one post-step.
 
-Cases torch plans with its graph-based planner (``_StridedShard``, non-default
-shard orders) or that use placement subclasses we do not model are not lowered:
-the plan is marked ``fallback`` and runs through torch.
+``_StridedShard`` sources lower as the shard order they encode
+(``redist_opt.ir.strided``: torch plans them with its graph-based planner as plain
+``Shard`` steps). Placement subclasses we do not model are not lowered: the plan
+is marked ``fallback`` and runs through torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.tensor.placement_types import (
     Placement,
     Replicate,
     Shard,
+    _StridedShard,
 )
 
 from redist_opt.ir import symbolic as sym
@@ -42,9 +44,7 @@ def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> st
     """Why these placements must go through torch's own path, or None if we lower them."""
     for p in (*src, *dst):
         kind = type(p).__name__
-        if kind == "_StridedShard":
-            return "_StridedShard placements are planned by torch's graph-based planner"
-        if type(p) not in (Shard, Replicate, Partial) and norm_type_of(p) is None:
+        if type(p) not in (Shard, Replicate, Partial, _StridedShard) and norm_type_of(p) is None:
             return f"{kind} placements are not modelled by redist_opt"
     ops = {reduce_op_of(p) for p in (*src, *dst) if p.is_partial()}
     if len(ops) > 1 and any(op.startswith("norm(") for op in ops):

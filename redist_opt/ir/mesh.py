@@ -79,8 +79,14 @@ class MeshSpec:
     # Whether the root's rank map lists global ranks in ascending index order (True for
     # init_device_mesh and rank-free specs); see ``rank_order``.
     ranks_ascending: bool = True
-    # Collapsed layouts of every flattened group that exists, derived in __post_init__.
+    # The groups torch's own merge pass finds (its root's ``_flatten`` meshes; not the
+    # world group, not an ``_unflatten`` view's root dims), as ``flattened`` lists them;
+    # None: the same as ``flattened``. The collective cap counts torch's plan with these.
+    torch_flattened: tuple | None = dataclasses.field(default=None, compare=False)
+    # Collapsed layouts of every flattened group that exists, and of those torch's merge
+    # pass finds, derived in __post_init__.
     flattened_layouts: frozenset = dataclasses.field(default=frozenset(), compare=False)
+    torch_flattened_layouts: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         sizes = tuple(int(s) for s in self.sizes)
@@ -101,20 +107,25 @@ class MeshSpec:
             object.__setattr__(self, "dim_layouts", L.row_major_dim_layouts(sizes))
         if self.index_space is None:
             object.__setattr__(self, "index_space", math.prod(sizes))
-        flat = []
-        layouts = set()
-        for group in self.flattened:
-            if isinstance(group, L.FlatLayout):
-                layouts.add(group)
-                continue
-            dims = self.dims_of(group)
-            flat.append(dims)
-            layouts.add(L.collapse([self.dim_layouts[d] for d in sorted(dims)]))
-        object.__setattr__(self, "flattened", tuple(g for g in self.flattened))
-        object.__setattr__(self, "flattened_layouts", frozenset(layouts))
+        object.__setattr__(self, "flattened", tuple(self.flattened))
+        object.__setattr__(self, "flattened_layouts", self._layouts_of(self.flattened))
+        if self.torch_flattened is not None:
+            object.__setattr__(self, "torch_flattened", tuple(self.torch_flattened))
+        torch_layouts = self.flattened_layouts if self.torch_flattened is None else self._layouts_of(self.torch_flattened)
+        object.__setattr__(self, "torch_flattened_layouts", torch_layouts)
         # Plans are cached by MeshSpec: hash once, not on every lookup.
         object.__setattr__(
-            self, "_hash", hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts, self.backend, self.ranks_ascending))
+            self,
+            "_hash",
+            hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts,
+                  self.torch_flattened_layouts, self.backend, self.ranks_ascending)),
+        )
+
+    def _layouts_of(self, groups) -> frozenset:
+        """Collapsed layouts of ``groups``: layouts as they are, dim-name groups collapsed."""
+        return frozenset(
+            g if isinstance(g, L.FlatLayout) else L.collapse([self.dim_layouts[d] for d in sorted(self.dims_of(g))])
+            for g in groups
         )
 
     def __hash__(self) -> int:
@@ -128,6 +139,7 @@ class MeshSpec:
             sizes=tuple(L.numel(lay) for lay in L.device_mesh_dim_layouts(device_mesh)),
             names=device_mesh.mesh_dim_names,
             flattened=tuple(L.known_communicators(device_mesh)),
+            torch_flattened=tuple(L.flatten_mapping_layouts(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
             backend=L.process_group_backend(device_mesh),
@@ -224,6 +236,9 @@ class MeshSpec:
         return group.layout in self.flattened_layouts
 
     def with_flattened(self, groups: Iterable) -> "MeshSpec":
-        """The same mesh with more flattened groups available."""
-        return dataclasses.replace(self, flattened=tuple(self.flattened) + tuple(groups))
+        """The same mesh with more flattened groups available (created as ``_flatten``
+        meshes of the root, so torch's merge pass finds them too)."""
+        groups = tuple(groups)
+        torch_flattened = None if self.torch_flattened is None else self.torch_flattened + groups
+        return dataclasses.replace(self, flattened=self.flattened + groups, torch_flattened=torch_flattened)
 

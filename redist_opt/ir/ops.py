@@ -54,7 +54,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup
-from redist_opt.ir.placements import reduce_op_of
+from redist_opt.ir.placements import reduce_op_of, shard_order
 
 __all__ = [
     "OPS",
@@ -394,11 +394,15 @@ def corner_coords(mesh_sizes: Sequence[int]) -> list[tuple[int, ...]]:
 
 
 def local_shape(global_shape: Sequence[int], placements: Sequence[Placement], mesh_sizes) -> tuple:
-    """The local shape DTensor defines for ``placements`` (default shard order)."""
+    """The local shape of ``placements``: nested chunks in shard order (the default
+    order, or the one ``_StridedShard`` split factors encode: ``placements.shard_order``)."""
     shape = [sym.as_expr(s) for s in global_shape]
-    for d, p in enumerate(placements):
-        if p.is_shard():
-            shape[p.dim] = sym.ChunkSize(shape[p.dim], mesh_sizes[d], sym.coord(d))
+    order = shard_order(placements, mesh_sizes)
+    if order is None:
+        raise ValueError(f"placements {placements} encode no shard order")
+    for t, dims in order.items():
+        for d in dims:
+            shape[t] = sym.ChunkSize(shape[t], mesh_sizes[d], sym.coord(d))
     return tuple(shape)
 
 

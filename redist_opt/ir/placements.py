@@ -40,6 +40,7 @@ __all__ = [
     "partial_of",
     "norm_type_of",
     "normalize_norm_partial",
+    "shard_order",
 ]
 
 # Reductions a Partial placement can carry that redist_opt lowers.
@@ -56,6 +57,11 @@ _NORM_RE = re.compile(
     r"^(?:P\(\s*norm_?|_NormP(?:artial)?\(\s*)([-+]?(?:inf|\d+(?:\.\d*)?(?:e[-+]?\d+)?))\s*\)$"
 )
 _NORM_OP_RE = re.compile(r"^norm\((.+)\)$")
+# torch prints _StridedShard(0, split_factor=2) as "_S(0, 2)" (str) or
+# "_StridedShard(dim=0, sf=2)" (repr).
+_STRIDED_RE = re.compile(
+    r"^_S(?:tridedShard)?\(\s*(?:dim=)?\s*(-?\d+)\s*,\s*(?:sf=|split_factor=)?\s*(\d+)\s*\)$"
+)
 
 
 def _norm_str(p) -> str:
@@ -120,6 +126,9 @@ def parse_placement(p: Placement | str) -> Placement:
     m = _SHARD_RE.match(text)
     if m:
         return Shard(int(m.group(1)))
+    m = _STRIDED_RE.match(text)
+    if m:
+        return _StridedShard(int(m.group(1)), split_factor=int(m.group(2)))
     m = _NORM_RE.match(text)
     if m:
         return normalize_norm_partial(_NormPartial(_parse_norm_type(m.group(1))))
@@ -132,8 +141,8 @@ def parse_placement(p: Placement | str) -> Placement:
             )
         return Partial(op)
     raise RedistributeError(
-        f"cannot parse placement {p!r}; expected R, S(<dim>), P, P(avg), P(max), P(min), "
-        "P(product) or P(norm<p>)"
+        f"cannot parse placement {p!r}; expected R, S(<dim>), _S(<dim>, <split factor>), P, "
+        "P(avg), P(max), P(min), P(product) or P(norm<p>)"
     )
 
 
@@ -159,6 +168,35 @@ def _split_top_level(text: str) -> list[str]:
     if cur.strip():
         parts.append(cur)
     return [s.strip() for s in parts]
+
+
+def shard_order(placements: Sequence[Placement], mesh_sizes: Sequence[int]) -> dict[int, tuple[int, ...]] | None:
+    """Per sharded tensor dim, the mesh dims that shard it in shard order (outermost
+    first), or None when ``_StridedShard`` split factors name no order.
+
+    Without ``_StridedShard`` that is the default left-to-right order. With it, the
+    decoding is torch's ``_maybe_convert_StridedShard_to_shard_order`` (_dtensor_spec.py):
+    right to left, a placement with split factor ``sf`` goes where the sizes of the
+    mesh dims already before it in the order multiply to ``sf`` (``Shard``: 1). FSDP2 +
+    TP's ``[_S(0, tp), S(0)]`` decodes to tensor dim 0 sharded by tp, then dp.
+    """
+    order: dict[int, list[int]] = {}
+    for d in reversed(range(len(placements))):
+        p = placements[d]
+        if not isinstance(p, (Shard, _StridedShard)):
+            continue
+        dims = order.setdefault(p.dim, [])
+        sf = int(p.split_factor) if isinstance(p, _StridedShard) else 1
+        acc = 1
+        for i in range(len(dims) + 1):
+            if acc == sf:
+                dims.insert(i, d)
+                break
+            if i < len(dims):
+                acc *= mesh_sizes[dims[i]]
+        else:
+            return None
+    return {t: tuple(ds) for t, ds in sorted(order.items())}
 
 
 def placement_str(p: Placement) -> str:

@@ -20,6 +20,7 @@ from redist_opt import ir
 from redist_opt.ir.lower import check_transition, greedy_steps, lower_steps, unsupported_reason
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import RedistributeError, normalize_placements
+from redist_opt.ir.strided import has_strided, strided_reason, strided_steps
 from redist_opt.ir.text import format_plan
 
 __all__ = ["Plan", "make_plan", "Collective", "Note"]
@@ -135,11 +136,12 @@ def make_plan(
 
 @functools.lru_cache(maxsize=4096)
 def _make_plan_cached(mesh: MeshSpec, src, dst, shape, dtype) -> Plan:
-    reason = unsupported_reason(src, dst)
+    reason = unsupported_reason(src, dst) or strided_reason(mesh, src, dst, shape)
     if reason is not None:
         return Plan(mesh, src, dst, shape, dtype, (), None, fallback_reason=reason)
     check_transition(src, dst, mesh)
-    steps = tuple(greedy_steps(mesh, src, dst, shape))
+    planner = strided_steps if has_strided(src) else greedy_steps
+    steps = tuple(planner(mesh, src, dst, shape))
     gm = lower_steps(mesh, steps, ir.local_shape(shape, src, mesh.sizes))
     ir.verify(gm, mesh.sizes, ir.local_shape(shape, dst, mesh.sizes))
     return Plan(mesh, src, dst, shape, dtype, steps, gm)

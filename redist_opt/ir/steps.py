@@ -23,7 +23,7 @@ from redist_opt import ir
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.lower import lower_step
 from redist_opt.ir.mesh import MeshSpec
-from redist_opt.ir.placements import partial_of
+from redist_opt.ir.placements import partial_of, shard_order
 
 __all__ = [
     "Region",
@@ -162,11 +162,11 @@ class ShardState:
 
     @classmethod
     def of(cls, placements, mesh: MeshSpec) -> "ShardState":
-        order: dict[int, list[int]] = {}
-        for d, p in enumerate(placements):
-            if p.is_shard() and mesh.sizes[d] > 1:
-                order.setdefault(p.dim, []).append(d)
-        return cls(order)
+        decoded = shard_order(placements, mesh.sizes)  # _StridedShard encodes its order
+        if decoded is None:
+            raise ValueError(f"placements {placements} encode no shard order")
+        order = {t: [d for d in ds if mesh.sizes[d] > 1] for t, ds in decoded.items()}
+        return cls({t: ds for t, ds in order.items() if ds})
 
     def copy(self) -> "ShardState":
         return ShardState({t: list(ds) for t, ds in self.order.items()})

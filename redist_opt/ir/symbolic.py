@@ -186,3 +186,17 @@ def expr_str(expr, names: Mapping[int, str] | None = None) -> str:
             text = re.sub(rf"\bc{d}\b", f"c_{name}", text)
     return text
 
+
+def block_slot_index(pieces: dict, blocks, counts) -> int:
+    """Slot of a gathered block: for each ``(tensor dim, positions)`` of ``blocks``,
+    the nested chunk index ``pieces[dim]`` spread over the mesh coordinates at
+    ``positions`` (outermost first), read row-major over ``counts``."""
+    coord = [0] * len(counts)
+    for tdim, pos in blocks:
+        k = pieces[tdim]
+        for p in reversed(pos):
+            coord[p], k = k % counts[p], k // counts[p]
+    index = 0
+    for c, m in zip(coord, counts):
+        index = index * m + c
+    return index

@@ -25,12 +25,11 @@ torch's rules (torch/distributed/tensor/_redistribute.py, 2.13.0):
    the fewest any rank issues;
 6. all_gather: no evenness check.
 
-The model counts every group ``MeshSpec.flattened_layouts`` lists as existing. A
-MeshSpec read off a live DeviceMesh also lists the world group and an
-``_unflatten`` view's root dims, which torch's merge pass does not consult: there
-the modelled count can be below torch's, never above, so a plan within it is
-within torch's. The tests check the model against torch's own counts
-(``tests/test_collective_cap.py``).
+The model counts the groups torch's merge pass finds, ``MeshSpec.torch_flattened_layouts``:
+a MeshSpec read off a live DeviceMesh lists its root's ``_flatten`` meshes there, not
+the world group nor an ``_unflatten`` view's root dims, which redist_opt's own plans
+may use but torch's merge pass does not consult. The tests check the model against
+torch's own counts (``tests/test_collective_cap.py``).
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ def _merges(mesh: MeshSpec, run: Sequence[StepInfo], dtype=None) -> bool:
         return False
     if kind == "all_gather" and dims != ascending[::-1]:
         return False
-    if mesh.group(ascending).layout not in mesh.flattened_layouts:
+    if mesh.group(ascending).layout not in mesh.torch_flattened_layouts:
         return False
     real = tuple(d for d in ascending if mesh.sizes[d] > 1)  # rank_order drops size-1 dims
     if kind != "all_reduce" and mesh.rank_order(ascending) != real:

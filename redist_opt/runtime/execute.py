@@ -135,14 +135,7 @@ def _unpack_blocks(t: torch.Tensor, dim: int, counts, blocks, lengths) -> torch.
     }
 
     def block(pieces: dict) -> torch.Tensor:
-        coord = [0] * len(counts)
-        for tdim, pos in blocks:
-            k = pieces[tdim]
-            for p in reversed(pos):
-                coord[p], k = k % counts[p], k // counts[p]
-        index = 0
-        for c, m in zip(coord, counts):
-            index = index * m + c
+        index = sym.block_slot_index(pieces, blocks, counts)
         b = t.narrow(dim, index * slot, slot)
         for tdim, _ in blocks:
             size = sizes[tdim][pieces[tdim]]

@@ -314,14 +314,17 @@ def spec_with_dtype(spec: DTensorSpec, dtensor, dtype: torch.dtype) -> DTensorSp
 
 
 def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None:
-    """Why torch would plan this with its graph-based planner (which we do not lower)."""
+    """Why torch plans this in a way we do not lower. (A ``_StridedShard`` read as a
+    shard order, the default, is lowered: ``redist_opt.ir.strided``.) Calls under
+    ``use_min_cost_redistribution_plan()`` are ours: the flag only picks between torch's
+    greedy and graph-based planners, which agree for default shard orders."""
     for spec, role in ((current, "source"), (target, "target")):
-        if spec.shard_order is None:
-            return f"{role} placements use _StridedShard (planned by torch's graph-based planner)"
+        if spec.shard_order is None:  # _StridedShard encodes the order (use_strided_shard_as_shard_order)
+            continue
+        if any(type(p).__name__ == "_StridedShard" for p in spec.placements):
+            return f"{role} treats _StridedShard as a plain shard (use_strided_shard_as_shard_order=False)"
         if not DTensorSpec.is_default_device_order(spec.shard_order):
             return f"{role} has a non-default shard order (planned by torch's graph-based planner)"
-    if _torch_redistribute._FORCE_MIN_COST_REDISTRIBUTION_PLAN:
-        return "torch's min-cost planner is forced (use_min_cost_redistribution_plan)"
     return None
 
 

@@ -34,7 +34,9 @@ class CliError(Exception):
 
 
 def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """``--mesh``: ``dp=2,tp=4`` or ``2,4`` (dims named d0, d1, ...) -> (sizes, names)."""
+    """``--mesh``: ``dp=2,tp=4``, ``2,4`` or ``2x4`` (dims named d0, d1, ...) -> (sizes, names)."""
+    if "=" not in text:
+        text = text.replace("x", ",")
     sizes, names = [], []
     for i, part in enumerate(p for p in text.split(",") if p.strip()):
         if "=" in part:

@@ -31,17 +31,72 @@ from torch.distributed.device_mesh import init_device_mesh
 from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.spawn import run_ranks
-from redist_opt.tools.timing import Stat, loadavg, timed_samples, torch_version, wait
+from redist_opt.tools.timing import Clock, Stat, loadavg, timed_samples, torch_version, wait
 from redist_opt.tools.units import format_size, parse_sizes
 
-__all__ = ["calibrate", "fit_alpha_beta", "FitResult", "format_calibration", "DEFAULT_CALIBRATE_SIZES"]
+__all__ = ["calibrate", "measure_collectives", "fit_per_kind", "fit_profile", "summarize", "fit_alpha_beta", "FitResult", "format_calibration", "DEFAULT_CALIBRATE_SIZES"]
 
-DEFAULT_CALIBRATE_SIZES = "1KiB..4MiB*4"
+# 4 bytes is a loss or grad-norm scalar: gloo's ring leaves most chunks empty there,
+# so it does not lie on the line through the larger sizes.
+DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
 
 
 def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: int, warmup: int) -> dict:
+    """One spawned gloo rank of the local mode: CPU tensors, the wall clock, one host."""
+    return measure_collectives(mesh_sizes, names, sizes, iters, warmup)
+
+
+_SPLITTING = ("reduce_scatter", "all_to_all")
+
+
+def _op(kind: str, x: torch.Tensor, pg) -> Callable:
+    if kind == "all_reduce":
+        return lambda: wait(funcol.all_reduce(x, "sum", pg))
+    if kind == "reduce_scatter":
+        return lambda: wait(funcol.reduce_scatter_single(x, "sum", 0, pg))
+    if kind == "all_gather":
+        return lambda: wait(funcol.all_gather_single(x, 0, pg))
+    if kind == "all_to_all":
+        return lambda: wait(funcol.all_to_all_single(x, None, None, pg))
+    raise AssertionError(kind)
+
+
+def _host_groups(world: int, devices_per_host: int | None) -> list[tuple[str, int, str, object]]:
+    """(label, size, link, this rank's group) of the ranks of this host and of this
+    local rank's peers on the other hosts, when the job spans 2+ hosts. Every rank
+    creates every group (``new_group`` is collective), in the same order."""
+    if not devices_per_host or devices_per_host >= world or world % devices_per_host:
+        return []
+    me, hosts = dist.get_rank(), world // devices_per_host
+    out = []
+    mine = None
+    for h in range(hosts):
+        pg = dist.new_group(list(range(h * devices_per_host, (h + 1) * devices_per_host)))
+        if me // devices_per_host == h:
+            mine = pg
+    if devices_per_host > 1:
+        out.append(("host", devices_per_host, "intra", mine))
+    for local in range(devices_per_host):
+        pg = dist.new_group(list(range(local, world, devices_per_host)))
+        if me % devices_per_host == local:
+            mine = pg
+    out.append(("hosts", hosts, "inter", mine))
+    return out
+
+
+def measure_collectives(
+    mesh_sizes, names, sizes, iters: int, warmup: int, *, device=None, clock: Clock | None = None,
+    devices_per_host: int | None = None,
+) -> dict:
+    """Time every collective kind over the mesh's groups (each dim, the flattened whole
+    mesh, and with ``devices_per_host`` below the world, a host's and across hosts) on
+    the calling rank of an initialized process group; samples per point, this rank's."""
     start = time.perf_counter()
-    mesh = init_device_mesh("cpu", tuple(mesh_sizes), mesh_dim_names=tuple(names))
+    device = torch.device(device or "cpu")
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, tuple(mesh_sizes), mesh_dim_names=tuple(names))
+    spec = MeshSpec(sizes=tuple(mesh_sizes), names=tuple(names))
+    where = CostModel(devices_per_host=devices_per_host)
     groups = [(names[d], (d,), mesh.get_group(d)) for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
     # Creating a communicator: the flattened whole mesh (what groups="create" does), then
     # a plain new_group over the world twice more for a median.
@@ -51,35 +106,82 @@ def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: in
         t0 = time.perf_counter()
         flat = mesh._flatten()
         creation.append(time.perf_counter() - t0)
+        # Every other set of 2+ dims too (a 2x2x2 mesh has groups of 4 as well as 2 and 8).
+        real = [d for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
+        subsets = [c for k in range(2, len(real)) for c in itertools.combinations(real, k)]
+        for dims in subsets:
+            groups.append(("+".join(names[d] for d in dims), dims, mesh[tuple(names[d] for d in dims)]._flatten().get_group()))
         groups.append(("+".join(names), tuple(range(len(mesh_sizes))), flat.get_group()))
     for _ in range(2):
         dist.barrier()
         t0 = time.perf_counter()
         dist.new_group(list(range(world)))
         creation.append(time.perf_counter() - t0)
-
-    def op(kind: str, x: torch.Tensor, pg) -> Callable:
-        if kind == "all_reduce":
-            return lambda: wait(funcol.all_reduce(x, "sum", pg))
-        if kind == "reduce_scatter":
-            return lambda: wait(funcol.reduce_scatter_single(x, "sum", 0, pg))
-        if kind == "all_gather":
-            return lambda: wait(funcol.all_gather_single(x, 0, pg))
-        if kind == "all_to_all":
-            return lambda: wait(funcol.all_to_all_single(x, None, None, pg))
-        raise AssertionError(kind)
-
+    labelled = [(label, dist.get_world_size(pg), where.link(spec.group(dims), spec), dims, pg)
+                for label, dims, pg in groups]  # fmt: skip
+    labelled += [(label, p, link, None, pg) for label, p, link, pg in _host_groups(world, devices_per_host)]
     out = []
-    for label, dims, pg in groups:
-        p = dist.get_world_size(pg)
-        for nbytes in sizes:
-            numel = max(p, nbytes // 4 // p * p)  # float32, divisible by the group size
-            x = torch.randn(numel)
-            fns = [op(kind, x, pg) for kind in KINDS]
-            samples = timed_samples(fns, iters, warmup)
-            for kind, s in zip(KINDS, samples):
-                out.append(dict(kind=kind, group=label, dims=list(dims), p=p, nbytes=numel * 4, samples=s))
+    for nbytes in sizes:
+        # Every group's collectives of one size interleaved: load that drifts over the
+        # run hits every group size alike, so their ratios (what plans are chosen by) hold.
+        points, fns = [], []
+        for label, p, link, dims, pg in labelled:
+            for kind in KINDS:
+                # float32; reduce_scatter and all_to_all split it, so divisible by the group size.
+                numel = max(p, nbytes // 4 // p * p) if kind in _SPLITTING else max(1, nbytes // 4)
+                fns.append(_op(kind, torch.randn(numel, device=device), pg))
+                points.append(dict(kind=kind, group=label, dims=None if dims is None else list(dims), p=p,
+                                   link=link, nbytes=numel * 4))  # fmt: skip
+        for point, s in zip(points, timed_samples(fns, iters, warmup, clock)):
+            out.append(point | {"samples": s})
     return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
+
+
+def _monotone(ys: Sequence[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators): a bigger message never
+    takes less time, so a dip between neighbouring sizes is noise."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
+def fit_per_kind(measurements: Sequence[dict]) -> tuple:
+    """``CostModel.fitted`` rows: per (kind, group size, link), the measured medians made
+    non-decreasing in size, then one ``t = per_call + per_byte * nbytes`` segment between
+    each two neighbouring sizes, valid up to the larger (the last one beyond it too).
+    A linear fit over the whole range misses small sizes: on gloo a 4-byte all_reduce
+    over 8 ranks takes a third of a 1 KiB one. Points with one size get no row."""
+    by_key: dict[tuple, dict[int, list[float]]] = {}
+    for m in measurements:
+        if m["p"] > 1:
+            key = (m["kind"], m["p"], m.get("link", "intra"))
+            by_key.setdefault(key, {}).setdefault(m["nbytes"], []).append(m["time"])
+    rows = []
+    for (kind, p, link), points in sorted(by_key.items()):
+        sizes = sorted(points)
+        if len(sizes) < 2:
+            continue
+        # Groups of one size and link (a 2x2x2 mesh's three dims) share a curve: their mean.
+        times = _monotone([statistics.fmean(points[n]) for n in sizes])
+        for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
+            per_byte = (t1 - t0) / (n1 - n0)
+            rows.append((kind, p, link, n1, max(0.0, t0 - per_byte * n0), per_byte))
+        # Beyond the largest size: the slope over the largest three sizes (one
+        # neighbouring pair is too noisy to extrapolate by orders of magnitude).
+        top_n, top_t = sizes[-3:], times[-3:]
+        mean_n, mean_t = statistics.fmean(top_n), statistics.fmean(top_t)
+        var = sum((n - mean_n) ** 2 for n in top_n)
+        per_byte = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in zip(top_n, top_t)) / var)
+        rows.append((kind, p, link, BEYOND, max(0.0, top_t[-1] - per_byte * top_n[-1]), per_byte))
+    return tuple(rows)
+
+
+# The ``up_to_nbytes`` of the segment that extrapolates past the largest measured size.
+BEYOND = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +198,7 @@ class FitResult:
     def label(self) -> str:
         return _variant_label(self.algorithm, self.reduce_scatter_as_all_reduce)
 
-    def model(self, name: str = "calibrated", **extra) -> CostModel:
+    def model(self, name: str = "calibrated", **extra) -> CostModel:  # noqa: D102
         return CostModel(
             name=name,
             launch=self.launch,
@@ -183,29 +285,21 @@ def fit_alpha_beta(
     )
 
 
-def calibrate(
-    nprocs: int = 4,
-    mesh_sizes: Sequence[int] = (2, 2),
-    names: Sequence[str] | None = None,
-    sizes: Sequence[int] = (),
-    *,
-    iters: int = 7,
-    warmup: int = 2,
-    timeout: float = 180.0,
-) -> tuple[CostModel, dict]:
-    """Measure on ``nprocs`` gloo ranks and fit; returns (model, calibration record)."""
+def validate_request(nprocs: int, mesh_sizes: Sequence[int], names: Sequence[str] | None,
+                     count: str = "--nprocs") -> tuple:
+    """(mesh sizes, names) checked against the rank count (``count`` names where it came
+    from); ValueError names the problem."""
     mesh_sizes = tuple(int(s) for s in mesh_sizes)
     names = tuple(names or (f"d{i}" for i in range(len(mesh_sizes))))
     if math.prod(mesh_sizes) != nprocs:
-        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but --nprocs is {nprocs}")
+        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but {count} is {nprocs}")
     if all(s == 1 for s in mesh_sizes):
         raise ValueError(f"mesh {mesh_sizes} has no dim with 2+ ranks: nothing to measure")
-    sizes = list(sizes) or parse_sizes(DEFAULT_CALIBRATE_SIZES)
-    t0 = time.perf_counter()
-    per_rank = run_ranks(
-        _calibrate_worker, nprocs, (mesh_sizes, names, list(sizes), iters, warmup), timeout=timeout
-    )
-    wall = time.perf_counter() - t0
+    return mesh_sizes, names
+
+
+def summarize(per_rank: Sequence[dict]) -> tuple[list[dict], list[float]]:
+    """(measurements with the median over samples of the slowest rank, creation times)."""
     measurements = []
     for i, m in enumerate(per_rank[0]["measurements"]):
         stat = Stat.of([r["measurements"][i]["samples"] for r in per_rank])
@@ -213,13 +307,41 @@ def calibrate(
             {k: v for k, v in m.items() if k != "samples"} | {"time": stat.median, "stderr": stat.stderr}
         )
     creation = [max(ts) for ts in zip(*(r["creation"] for r in per_rank))]
-    fit = fit_alpha_beta(measurements)
-    model = fit.model(name=f"gloo-calibrated-{nprocs}", create_group=statistics.median(creation))
-    spec = MeshSpec(sizes=mesh_sizes, names=names)
-    for m in measurements:
-        m["model"] = model.collective_time(m["kind"], spec.group(tuple(m["dims"])), m["nbytes"], spec)
+    return measurements, creation
+
+
+def fit_profile(measurements: list[dict], creation: Sequence[float], name: str, devices_per_host=None):
+    """(model, fit record): the alpha-beta terms over the groups within a host (and, when
+    some were measured, across hosts), plus the per-kind, per-group-size terms."""
+    intra = [m for m in measurements if m.get("link", "intra") == "intra"]
+    inter = [m for m in measurements if m.get("link", "intra") == "inter"]
+    fit = fit_alpha_beta(intra or inter)
+    model = fit.model(name=name, create_group=statistics.median(creation), fitted=fit_per_kind(measurements))
     record = {
-        "backend": "gloo",
+        "algorithm": fit.algorithm,
+        "reduce_scatter_as_all_reduce": fit.reduce_scatter_as_all_reduce,
+        "rms_rel_error": fit.errors,
+        "launch_s": fit.launch,
+        "alpha_s": fit.alpha,
+        "bw_bytes_per_s": fit.bw,
+    }
+    if devices_per_host:
+        changes: dict = {"devices_per_host": devices_per_host}
+        if inter and intra:
+            across = fit_alpha_beta(inter, (fit.algorithm,), (fit.reduce_scatter_as_all_reduce,))
+            changes |= {"alpha_inter": across.alpha, "bw_inter": across.bw}
+            record["inter"] = {"alpha_s": across.alpha, "bw_bytes_per_s": across.bw, "launch_s": across.launch}
+        model = dataclasses.replace(model, **changes)
+    for m in measurements:
+        m["model"] = model.time_of(m["kind"], m["p"], m.get("link", "intra"), m["nbytes"])
+    return model, record
+
+
+def calibration_record(backend: str, device: str, nprocs: int, mesh_sizes, names, sizes, iters, warmup,
+                       fit: dict, creation, measurements, wall: float, measuring: float, **extra) -> dict:
+    return {
+        "backend": backend,
+        "device": device,
         "nprocs": nprocs,
         "mesh": {"sizes": list(mesh_sizes), "names": list(names)},
         "sizes": list(sizes),
@@ -233,19 +355,39 @@ def calibrate(
         "torch": torch_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall,
-        "measuring_s": max(r["worker_s"] for r in per_rank),
+        "measuring_s": measuring,
         "load_average": loadavg(),
-        "fit": {
-            "algorithm": fit.algorithm,
-            "reduce_scatter_as_all_reduce": fit.reduce_scatter_as_all_reduce,
-            "rms_rel_error": fit.errors,
-            "launch_s": fit.launch,
-            "alpha_s": fit.alpha,
-            "bw_bytes_per_s": fit.bw,
-        },
-        "group_creation_s": creation,
+        "fit": fit,
+        "group_creation_s": list(creation),
         "measurements": measurements,
+        **extra,
     }
+
+
+def calibrate(
+    nprocs: int = 4,
+    mesh_sizes: Sequence[int] = (2, 2),
+    names: Sequence[str] | None = None,
+    sizes: Sequence[int] = (),
+    *,
+    iters: int = 7,
+    warmup: int = 2,
+    timeout: float = 180.0,
+) -> tuple[CostModel, dict]:
+    """Measure on ``nprocs`` spawned gloo ranks and fit; returns (model, calibration record)."""
+    mesh_sizes, names = validate_request(nprocs, mesh_sizes, names)
+    sizes = list(sizes) or parse_sizes(DEFAULT_CALIBRATE_SIZES)
+    t0 = time.perf_counter()
+    per_rank = run_ranks(
+        _calibrate_worker, nprocs, (mesh_sizes, names, list(sizes), iters, warmup), timeout=timeout
+    )
+    wall = time.perf_counter() - t0
+    measurements, creation = summarize(per_rank)
+    model, fit = fit_profile(measurements, creation, f"gloo-calibrated-{nprocs}")
+    record = calibration_record(
+        "gloo", "cpu", nprocs, mesh_sizes, names, sizes, iters, warmup, fit, creation, measurements,
+        wall, max(r["worker_s"] for r in per_rank), mode="spawn",
+    )
     return model, record
 
 
@@ -254,12 +396,15 @@ def format_calibration(model: CostModel, record: dict) -> str:
     fit = record["fit"]
     errs = ", ".join(f"{a} {e * 100:.1f}%" for a, e in fit["rms_rel_error"].items())
     lines = [
-        f"fit over {len(record['measurements'])} points ({record['nprocs']} gloo ranks, mesh "
+        f"fit over {len(record['measurements'])} points ({record['nprocs']} {record.get('backend', 'gloo')} "
+        f"ranks on {record.get('device', 'cpu')}, mesh "
         f"{'x'.join(map(str, record['mesh']['sizes']))}); RMS relative error by variant: {errs}",
         f"  chosen: algorithm={model.algorithm}, reduce_scatter_as_all_reduce="
         f"{model.reduce_scatter_as_all_reduce}",
         f"  launch={model.launch * 1e6:.1f} us  alpha={model.alpha_intra * 1e6:.1f} us/step  "
         f"bandwidth={model.bw_intra / 1e9:.3f} GB/s  create_group={model.create_group * 1e3:.1f} ms",
+        f"  per-call + per-byte terms fitted for {len({r[:3] for r in model.fitted})} (collective, group size, "
+        f"link) curves (devices_per_host={model.devices_per_host}); the modelled tables below use them",
     ]
     rows: dict[tuple, dict[int, dict]] = {}
     for m in record["measurements"]:

@@ -17,11 +17,12 @@ import redist_opt
 from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools import bench, quality, step_bench
+from redist_opt.tools import autoparallel_check, bench, decisions, quality, step_bench
 from redist_opt.tools.advise import add_advise_command
 from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
 from redist_opt.tools.args import parse_shape, parse_size_list
 from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
+from redist_opt.tools.calibrate_launch import calibrate_launched, launched
 from redist_opt.tools.demo import run_demo
 from redist_opt.tools.spawn import SpawnError
 from redist_opt.tools.timing import load_warning, loadavg, torch_version
@@ -147,10 +148,24 @@ def _check_samples(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    mesh_sizes, names = parse_mesh(args.mesh)
+    if args.check:  # decision accuracy of a profile on live gloo ranks (tools/decisions.py)
+        return decisions.cmd_decisions(args)
+    launch = launched()
+    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else ((launch.world,) if launch else (2, 2), None)
     sizes = parse_size_list(args.sizes)
-    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
     _check_samples(args)
+    if launch is not None:
+        if args.nprocs is not None and args.nprocs != launch.world:
+            raise CliError(f"--nprocs {args.nprocs}: the launcher started {launch.world} ranks (WORLD_SIZE)")
+        try:
+            result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
+                                        timeout=args.timeout)  # fmt: skip
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if result is None:  # not rank 0: rank 0 reports and writes
+            return 0
+        return _report_calibration(args, *result)
+    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
     print(
         f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
         f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
@@ -169,11 +184,15 @@ def cmd_calibrate(args) -> int:
     except SpawnError as e:
         print(f"redist-opt calibrate: {e}", file=sys.stderr)
         return 1
+    return _report_calibration(args, model, record)
+
+
+def _report_calibration(args, model, record) -> int:
     print(format_calibration(model, record))
     model.save(args.out, calibration=record)
     print(
-        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring, "
-        f"the rest starting {nprocs} processes)"
+        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring; "
+        f"{record['mode']} mode, {record['nprocs']} {record['backend']} ranks on {record['device']})"
     )
     return 0
 
@@ -213,8 +232,12 @@ def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
 def cmd_bench(args) -> int:
     if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
         return step_bench.cmd_step(args)
+    if args.part == "autoparallel":  # autoparallel's example Block (tools/autoparallel_check.py)
+        return autoparallel_check.cmd_autoparallel(args)
     if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
         return quality.cmd_quality(args)
+    if args.part == "decisions":  # the cost model's choices against measured times (tools/decisions.py)
+        return decisions.cmd_decisions(args)
     sizes = parse_size_list(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
     _check_samples(args)
@@ -282,7 +305,16 @@ def _add_explain_arguments(ex) -> None:
 
 def _add_calibrate_arguments(p) -> None:
     p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
-    p.add_argument("--mesh", default="2,2", help="mesh sizes, e.g. 2,2 or a=2,b=2 (default 2,2)")
+    p.add_argument("--mesh", default=None,
+                   help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
+                   "the 1-D world)")
+    p.add_argument("--check", action="store_true",
+                   help="measure instead how often --profile's choices between alternative plans are the "
+                   "measured faster ones, on 8 gloo ranks (see docs/decisions.md)")
+    p.add_argument("--profile", action="append",
+                   help="with --check: the profile(s) to judge (nccl, gloo or a JSON file; repeatable; "
+                   "default gloo)")
+    p.add_argument("--json", help="with --check: also write the results to this JSON file")
     p.add_argument(
         "--sizes", default=DEFAULT_CALIBRATE_SIZES,
         help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
@@ -296,10 +328,11 @@ def _add_calibrate_arguments(p) -> None:
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality", "step"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality", "step", "decisions", "autoparallel"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md; step: torchtitan training "
-        "steps on 8 gloo ranks, see docs/step_bench.md)",
+        "steps on 8 gloo ranks, see docs/step_bench.md; autoparallel: its example Block with "
+        "compiler_fn and enabled(), see docs/autoparallel.md)",
     )  # fmt: skip
     p.add_argument(
         "--sizes", default=bench.DEFAULT_BENCH_SIZES,
@@ -319,6 +352,7 @@ def _add_bench_arguments(p) -> None:
     # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
     quality.add_quality_arguments(p, common=False)
     step_bench.add_step_arguments(p)  # --step-config, --step-mode, --steps
+    autoparallel_check.add_autoparallel_arguments(p)  # --ap-setting, --ap-groups
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -340,7 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_explain_arguments(ex)
     ex.set_defaults(func=cmd_explain)
 
-    cal = sub.add_parser("calibrate", help="measure gloo collectives and fit a cost profile (JSON)")
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure collectives and fit a cost profile (JSON): on local gloo processes, or under torchrun "
+        "on the job's backend and devices; --check: the profile's decision accuracy",
+    )
     _add_calibrate_arguments(cal)
     cal.set_defaults(func=cmd_calibrate)
 

@@ -7,6 +7,12 @@ a sample lasts a couple of milliseconds (that amortizes the barrier's exit skew
 at small sizes) and agreed on by all ranks. A sample's time is the slowest
 rank's; a measurement is the median over samples. Its noise is the standard
 error of that median estimated from the samples' median absolute deviation.
+
+Where the time is read is a :class:`Clock`: :class:`WallClock` (``perf_counter``
+around calls that each wait for their result: CPU tensors on gloo) or
+:class:`EventClock` (``torch.cuda.Event`` pairs recorded on the current stream,
+read after a synchronize: CUDA tensors on NCCL, where a call returns before the
+device is done). :func:`select_device` picks the pair for a launched job.
 """
 
 from __future__ import annotations
@@ -22,7 +28,81 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["Stat", "timed_samples", "wait", "loadavg", "load_warning", "torch_version"]
+__all__ = [
+    "Stat", "timed_samples", "wait", "loadavg", "load_warning", "torch_version",
+    "Clock", "WallClock", "EventClock", "DeviceChoice", "select_device",
+]
+
+
+class Clock:
+    """Times a block of device work: ``start()`` -> token, ``stop(token)`` -> seconds.
+
+    ``device`` is where the timed tensors (and the agreement all_reduce) live.
+    """
+
+    device = torch.device("cpu")
+
+    def start(self):
+        raise NotImplementedError
+
+    def stop(self, token) -> float:
+        raise NotImplementedError
+
+
+class WallClock(Clock):
+    """Host wall clock: right where every timed call waits for its result (CPU, gloo)."""
+
+    def start(self):
+        return time.perf_counter()
+
+    def stop(self, token) -> float:
+        return time.perf_counter() - token
+
+
+class EventClock(Clock):
+    """Device events on the current stream (``torch.cuda.Event(enable_timing=True)``):
+    the host returns from a collective before the device finishes it, so the host
+    clock would time the launch only. ``stop`` synchronizes on the end event."""
+
+    def __init__(self, device: torch.device, event_factory=None) -> None:
+        self.device = torch.device(device)
+        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+
+    def start(self):
+        begin = self._event()
+        begin.record()
+        return begin
+
+    def stop(self, token) -> float:
+        end = self._event()
+        end.record()
+        end.synchronize()
+        return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceChoice:
+    """What a launched job measures on: process-group backend, device, and clock."""
+
+    backend: str  # "nccl" or "gloo"
+    device: torch.device
+    clock: Clock
+
+
+def select_device(local_rank: int = 0, *, accelerator_available=None, event_factory=None) -> DeviceChoice:
+    """NCCL on the local rank's CUDA device with event timing where CUDA is present,
+    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``).
+
+    ``accelerator_available`` overrides the probe (tests select the CUDA branch on a
+    CPU-only machine without touching a device).
+    """
+    if accelerator_available is None:
+        acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        accelerator_available = acc is not None and acc.type == "cuda"
+    if accelerator_available:
+        device = torch.device("cuda", local_rank)
+        return DeviceChoice("nccl", device, EventClock(device, event_factory))
+    return DeviceChoice("gloo", torch.device("cpu"), WallClock())
 
 
 # A sample lasts about this long (seconds): long enough that the barrier's exit skew
@@ -31,39 +111,41 @@ SAMPLE_TARGET = 2e-3
 MAX_REPS = 64
 
 
-def _agree_reps(single: float) -> int:
+def _agree_reps(single: float, device=None) -> int:
     """``reps`` from this rank's warm-up time of one call, agreed on by all ranks (max)."""
-    t = torch.tensor([single], dtype=torch.float64)
+    t = torch.tensor([single], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return max(1, min(MAX_REPS, int(SAMPLE_TARGET / max(float(t.item()), 1e-7))))
 
 
-def _time_once(fn: Callable) -> float:
-    t0 = time.perf_counter()
+def _time_once(fn: Callable, clock: Clock) -> float:
+    token = clock.start()
     fn()
-    return time.perf_counter() - t0
+    return clock.stop(token)
 
 
-def timed_samples(fns: Sequence[Callable], iters: int, warmup: int) -> list[list[float]]:
+def timed_samples(fns: Sequence[Callable], iters: int, warmup: int, clock: Clock | None = None) -> list[list[float]]:
     """Per-call sample times of each fn, the fns interleaved sample by sample.
 
     Interleaving (A B C, A B C, ...) makes slow drift of the machine hit every
-    variant alike, so ratios between them stay meaningful.
+    variant alike, so ratios between them stay meaningful. ``clock``: where times
+    are read (default :class:`WallClock`).
     """
+    clock = clock or WallClock()
     for fn in fns:
         for _ in range(warmup):
             fn()
-    reps = [_agree_reps(min(_time_once(fn) for _ in range(2))) for fn in fns]
+    reps = [_agree_reps(min(_time_once(fn, clock) for _ in range(2)), clock.device) for fn in fns]
     samples: list[list[float]] = [[] for _ in fns]
     for i in range(iters):
         for j in range(len(fns)):
             k = (i + j) % len(fns)  # rotate the order too
             fn, n = fns[k], reps[k]
             dist.barrier()
-            t0 = time.perf_counter()
+            token = clock.start()
             for _ in range(n):
                 fn()
-            samples[k].append((time.perf_counter() - t0) / n)
+            samples[k].append(clock.stop(token) / n)
     return samples
 
 

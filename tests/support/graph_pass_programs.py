@@ -145,10 +145,11 @@ GRAD = {"dtensor_grad"}
 # is the whole world, so one all_reduce over it plus a local chunk is always possible,
 # and it is the fastest for small tensors. Each variant pins one case:
 # with a dpr x tp group, a 4 MiB gradient under the default (NCCL) model becomes
-# reduce_scatter(dps) + one all_reduce(dpr+tp); without that group, under the gloo
-# profile (where one all_reduce over 8 ranks is never the cheapest), the
-# reduce_scatter moves first and both all_reduces carry half the bytes.
-VARIANTS = {"flat/simplefsdp": ((16384, 64), "nccl"), "noflat/simplefsdp": ((8, 4), "gloo")}
+# reduce_scatter(dps) + one all_reduce(dpr+tp); without that group, under the
+# textbook ring model of gloo ("gloo-ring", where one all_reduce over 8 ranks is
+# never the cheapest and bytes count), the reduce_scatter moves first and both
+# all_reduces carry half the bytes.
+VARIANTS = {"flat/simplefsdp": ((16384, 64), "nccl"), "noflat/simplefsdp": ((8, 4), "gloo-ring")}
 
 
 def variant(key: str, shape):

@@ -35,7 +35,7 @@ _TORCHTITAN_MODULES = (
 class StepConfig:
     """One parallel layout: how torchtitan parallelizes the model, on which mesh."""
 
-    name: str  # fsdp2_tp, simplefsdp_tp, full_dtensor
+    name: str  # fsdp2_tp, simplefsdp_tp, full_dtensor, tp_classic
     dp_replicate: int
     dp_shard: int
     tp: int
@@ -114,8 +114,11 @@ class _Anything(types.ModuleType):
         return (object,)
 
 
-def model_config():
-    """llama3 'debugmodel' built by torchtitan's own helpers: dim 128, 2 layers, SDPA attention."""
+def model_config(fuse_qkv: bool = True):
+    """llama3 'debugmodel' built by torchtitan's own helpers: dim 128, 2 layers, SDPA attention.
+
+    ``fuse_qkv=False``: separate q, k, v projections (classic tensor parallelism shards each).
+    """
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import (
@@ -127,7 +130,7 @@ def model_config():
     )
 
     layers = _build_llama3_layers(
-        fuse_qkv=True,
+        fuse_qkv=fuse_qkv,
         n_layers=N_LAYERS,
         dim=DIM,
         n_heads=N_HEADS,
@@ -147,7 +150,12 @@ def model_config():
     )
 
 
-SPMD_BACKEND = {"fsdp2_tp": "partial_dtensor", "simplefsdp_tp": "partial_dtensor", "full_dtensor": "full_dtensor"}
+SPMD_BACKEND = {
+    "fsdp2_tp": "partial_dtensor",
+    "simplefsdp_tp": "partial_dtensor",
+    "full_dtensor": "full_dtensor",
+    "tp_classic": "partial_dtensor",
+}
 
 
 _parallel_dims: dict = {}
@@ -183,12 +191,14 @@ def build(cfg: StepConfig, world: int, compile_backend=None):
         dims = _parallel_dims[key] = ParallelDims.from_config(parallelism, world)
         dims.build_mesh()
     dist_utils.set_spmd_backend(spmd_backend)
-    config = model_config()
+    config = model_config(fuse_qkv=cfg.name != "tp_classic")
     config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism, training=training))
     with torch.device("meta"):
         model = config.build()
     if cfg.name == "simplefsdp_tp":
         model = _parallelize_simple_fsdp(model, dims, training)
+    elif cfg.name == "tp_classic":
+        _parallelize_classic_tp(model, dims.get_mesh("tp"))
     else:
         from torchtitan.models.llama3.parallelize import parallelize_llama
 
@@ -219,3 +229,36 @@ def _parallelize_simple_fsdp(model, dims, training):
     if dims.tp_enabled:
         model.parallelize(dims)
     return apply_simple_fsdp(model, parallel_dims=dims, training=training)
+
+
+def _parallelize_classic_tp(model, tp_mesh) -> None:
+    """Classic (Megatron) tensor parallelism with torch's ``parallelize_module``, no sequence
+    parallelism: q, k, v, gate (w1) and up (w3) colwise, wo and down (w2) rowwise, every
+    activation a local tensor (``use_local_output=True``), so the backward all_reduces each
+    colwise projection's input grad on its own and autograd sums them afterwards. lm_head is
+    colwise with replicated logits. Embedding and norms are replicated DTensors (torchtitan's
+    Embedding reads ``weight.to_local()``; norms get their input as a replicated DTensor), so
+    every gradient is a DTensor on the tp mesh, as ``clip_grad_norm_`` needs.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    colwise = ("attention.qkv_linear.wq", "attention.qkv_linear.wk", "attention.qkv_linear.wv",
+               "feed_forward.w1", "feed_forward.w3")  # fmt: skip
+    rowwise = ("attention.wo", "feed_forward.w2")
+    plan: dict = {"lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for name, _ in model.layers.named_children():
+        plan.update({f"layers.{name}.{m}": ColwiseParallel() for m in colwise})
+        plan.update({f"layers.{name}.{m}": RowwiseParallel() for m in rowwise})
+    parallelize_module(model, tp_mesh, plan)
+
+    def replicated_input(_module, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) for x in inputs)
+
+    def local_output(_module, output, _mesh):
+        return output.to_local()
+
+    distribute_module(model.tok_embeddings, tp_mesh)
+    for name, module in model.named_modules():
+        if name == "norm" or name.endswith("_norm"):
+            distribute_module(module, tp_mesh, input_fn=replicated_input, output_fn=local_output)

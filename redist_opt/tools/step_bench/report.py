@@ -8,14 +8,22 @@ COMPILED = ("compiled", "compiled_ours")
 BASELINE = {"existing": "plain", "create": "plain", "compiled": "plain", "compiled_ours": "compiled", "plain": None}
 
 
-def _loss_match(ranks: list, mode: str, base: str | None) -> str:
+LOSS_RTOL = 1e-6  # sums regrouped (reassociation, merged reductions) may round differently
+# placements that must be lowered, never handed back (as the transition key prints them)
+MUST_ROUTE = ("P(norm", "_MaskPartial")
+
+
+def _loss_match(ranks: list, mode: str, base: str | None) -> tuple[str, float]:
+    """("bitwise" | "rel=..", worst relative difference) of every step's loss on every rank."""
     if base is None:
-        return "-"
+        return "-", 0.0
     worst = 0.0
     for r in ranks:
         ours, theirs = r["modes"][mode]["losses"], r["modes"][base]["losses"]
-        worst = max([worst] + [abs(a - b) for a, b in zip(ours, theirs, strict=True)])
-    return "bitwise" if worst == 0.0 else f"max|d|={worst:.1e}"
+        for a, b in zip(ours, theirs, strict=True):
+            if a != b:
+                worst = max(worst, abs(a - b) / max(abs(b), 1e-30))
+    return ("bitwise" if worst == 0.0 else f"rel={worst:.1e}"), worst
 
 
 def _transitions(mode_result: dict, mode: str) -> list[dict]:
@@ -55,9 +63,9 @@ def summarize(cfg, ranks: list) -> dict:
             base = None
         tr = _transitions(res, mode)
         routes = Counter(t["route"] for t in tr)
-        reasons = Counter(t["reason"] for t in tr if t["route"] == "handed back")
         base_tr = _transitions(r0["modes"][base], base) if base in r0["modes"] else []
         last = res["steps"][-1]["wire"]
+        loss, rel = _loss_match(ranks, mode, base) if base in r0["modes"] else ("-", 0.0)
         rows.append(
             {
                 "config": cfg.label,
@@ -67,18 +75,67 @@ def summarize(cfg, ranks: list) -> dict:
                 "bytes": last["bytes"],
                 "wall_ms": 1e3 * res["wall_median"],
                 "losses": res["losses"],
-                "loss_vs_baseline": _loss_match(ranks, mode, base) if base in r0["modes"] else "-",
+                "loss_vs_baseline": loss,
+                "loss_rel": rel,
                 "baseline": base,
                 "transitions": len(tr),
                 "routed": routes.get("routed", 0),
                 "handed_back": routes.get("handed back", 0),
-                "hand_back_reasons": dict(reasons),
+                "hand_back_reasons": _reasons(tr),
                 "changed": _changed(base_tr, tr) if base_tr and mode not in COMPILED else [],
+                "gnorm": _phase(res["steps"][-1].get("gnorm")),
+                "save": _phase(res.get("save")),
                 "graph_pass": res.get("graph_pass", []),
                 "stubbed": r0["stubbed"],
             }
         )
+    for row in rows:
+        row["violations"] = _violations(row, {r["mode"]: r for r in rows})
     return {"config": cfg.label, "rows": rows}
+
+
+def _reasons(tr: list[dict]) -> dict:
+    return dict(Counter(f"{t['key']}: {t['reason']}" for t in tr if t["route"] == "handed back"))
+
+
+def _phase(phase: dict | None) -> dict | None:
+    """A counted window of the step (clip_grad_norm_) or after it (the checkpoint gather)."""
+    if phase is None:
+        return None
+    routes = Counter(t["route"] for t in phase["transitions"])
+    return {
+        "collectives": phase["wire"]["count"],
+        "by_kind": phase["wire"]["by_kind"],
+        "bytes": phase["wire"]["bytes"],
+        "transitions": len(phase["transitions"]),
+        "routed": routes.get("routed", 0),
+        "handed_back": routes.get("handed back", 0),
+        "hand_back_reasons": _reasons(phase["transitions"]),
+    }
+
+
+def _violations(row: dict, by_mode: dict) -> list[str]:
+    """Where a row misses the bar: more collectives than torch (the step, the grad norm, the
+    save), a loss off by more than LOSS_RTOL, or a Partial subclass handed back."""
+    if "error" in row:
+        return []
+    out = []
+    base = by_mode.get(row["baseline"])
+    if base is not None and "error" not in base:
+        for what, ours, theirs in (
+            ("step", row["collectives"], base["collectives"]),
+            ("gnorm", (row["gnorm"] or {}).get("collectives"), (base["gnorm"] or {}).get("collectives")),
+            ("save", (row["save"] or {}).get("collectives"), (base["save"] or {}).get("collectives")),
+        ):
+            if ours is not None and theirs is not None and ours > theirs:
+                out.append(f"{what}: {ours} collectives > {theirs} of {row['baseline']}")
+    if row["loss_rel"] > LOSS_RTOL:
+        out.append(f"loss: relative difference {row['loss_rel']:.1e} > {LOSS_RTOL:.0e}")
+    backs = [*row["hand_back_reasons"], *((row["save"] or {}).get("hand_back_reasons") or {})]
+    for key in backs:
+        if any(p in key for p in MUST_ROUTE):
+            out.append(f"handed back: {key}")
+    return out
 
 
 def _kinds(by_kind: dict) -> str:
@@ -91,13 +148,22 @@ def _graph_pass_cell(gp: list) -> str:
     chains = sum(g["chains"] for g in gp)
     rewritten = sum(g["rewritten"] for g in gp)
     refused = sum(len(g["not_raised"]) for g in gp)
-    return f"graphs {len(gp)}, chains {chains}, rewritten {rewritten}, not raised {refused}"
+    folded = sum(g.get("reassociated", 0) for g in gp)
+    return (f"graphs {len(gp)}, chains {chains}, rewritten {rewritten}, not raised {refused}, "
+            f"all_reduces removed by reassociation {folded}")
+
+
+def _phase_cell(phase: dict | None) -> str:
+    """``coll[/back]`` of a phase: its collectives, and its hand-backs if any."""
+    if phase is None:
+        return "-"
+    return f"{phase['collectives']}" + (f"/{phase['handed_back']}b" if phase["handed_back"] else "")
 
 
 def format_table(results: list[dict]) -> str:
     head = (
         f"{'config':<20} {'mode':<13} {'coll':>4} {'KiB':>7} {'wall ms':>8} {'loss vs base':<14} "
-        f"{'routed':>6} {'back':>5}  by kind (kind@group size)"
+        f"{'routed':>6} {'back':>5} {'gnorm':>5} {'save':>7}  by kind (kind@group size)"
     )
     lines = [head, "-" * len(head)]
     for res in results:
@@ -107,8 +173,8 @@ def format_table(results: list[dict]) -> str:
                 continue
             lines.append(
                 f"{r['config']:<20} {r['mode']:<13} {r['collectives']:>4} {r['bytes'] / 1024:>7.1f} "
-                f"{r['wall_ms']:>8.1f} {r['loss_vs_baseline']:<14} {r['routed']:>6} {r['handed_back']:>5}  "
-                f"{_kinds(r['by_kind'])}"
+                f"{r['wall_ms']:>8.1f} {r['loss_vs_baseline']:<14} {r['routed']:>6} {r['handed_back']:>5} "
+                f"{_phase_cell(r['gnorm']):>5} {_phase_cell(r['save']):>7}  {_kinds(r['by_kind'])}"
             )
     return "\n".join(lines)
 
@@ -125,6 +191,17 @@ def format_details(results: list[dict]) -> str:
                 notes.append(f"  handed back x{n}: {reason}")
             for c in r["changed"]:
                 notes.append(f"  changed: {c}")
+            for name in ("gnorm", "save"):
+                phase = r.get(name)
+                if phase and phase["collectives"]:
+                    notes.append(
+                        f"  {name}: {phase['collectives']} collectives ({_kinds(phase['by_kind'])}), "
+                        f"routed {phase['routed']}, handed back {phase['handed_back']}"
+                    )
+                    for reason, n in (phase["hand_back_reasons"] or {}).items():
+                        notes.append(f"    {name} handed back x{n}: {reason}")
+            for v in r.get("violations", []):
+                notes.append(f"  VIOLATION {v}")
             gp = _graph_pass_cell(r["graph_pass"])
             if gp:
                 notes.append(f"  graph pass: {gp}")

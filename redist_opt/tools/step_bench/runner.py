@@ -16,9 +16,10 @@ from redist_opt.tools.step_bench.worker import MODES, run_config
 WORLD = 8
 TORCHTITAN_VERSION = "0.3.0"
 INSTALL_HINT = 'pip install -c constraints.txt -e ".[frameworks]"'
-CONFIG_NAMES = ("fsdp2_tp", "simplefsdp_tp", "full_dtensor")
+CONFIG_NAMES = ("fsdp2_tp", "simplefsdp_tp", "full_dtensor", "tp_classic")
 MESHES = ((2, 2, 2), (1, 4, 2))  # dp_replicate x dp_shard x tp
-CONFIGS = tuple(StepConfig(n, *m) for n in CONFIG_NAMES for m in MESHES)
+# tp_classic is tensor parallelism alone (torch's parallelize_module plan on the tp mesh)
+CONFIGS = tuple(StepConfig(n, *m) for n in CONFIG_NAMES[:-1] for m in MESHES) + (StepConfig("tp_classic", 1, 1, 8),)
 
 
 def torchtitan_missing() -> str | None:
@@ -36,19 +37,26 @@ def parse_config(text: str) -> StepConfig:
     name, _, mesh = text.partition(":")
     if name not in CONFIG_NAMES:
         raise ValueError(f"unknown step config {name!r}; expected one of {', '.join(CONFIG_NAMES)}")
-    sizes = tuple(int(x) for x in (mesh or "2x2x2").split("x"))
+    sizes = tuple(int(x) for x in (mesh or ("1x1x8" if name == "tp_classic" else "2x2x2")).split("x"))
     if len(sizes) != 3 or sizes[0] * sizes[1] * sizes[2] != WORLD:
         raise ValueError(f"mesh {mesh!r}: expected dp_replicate x dp_shard x tp with {WORLD} ranks")
+    if name == "tp_classic" and sizes[:2] != (1, 1):
+        raise ValueError(f"tp_classic is tensor parallelism alone: mesh 1x1xT, not {mesh!r}")
     return StepConfig(name, *sizes)
 
 
-def run_step_bench(configs, modes=MODES, *, steps: int = 4, warmup: int = 1, timeout: float = 1800.0, log=print):
-    """Every mode of every config on ``WORLD`` gloo ranks; a list of :func:`report.summarize` results."""
+def run_step_bench(
+    configs, modes=MODES, *, steps: int = 4, warmup: int = 1, save: bool = False, timeout: float = 1800.0, log=print
+):
+    """Every mode of every config on ``WORLD`` gloo ranks; a list of :func:`report.summarize` results.
+
+    ``save``: after the steps, gather every parameter as a full checkpoint does (the "save" column).
+    """
     results = []
     for cfg in configs:
         t0 = time.monotonic()
         log(f"running {cfg.label}: {', '.join(modes)}, {steps} steps each, on {WORLD} gloo ranks ...")
-        ranks = run_ranks(run_config, WORLD, (cfg, tuple(modes), steps, warmup), timeout=timeout)
+        ranks = run_ranks(run_config, WORLD, (cfg, tuple(modes), steps, warmup, save), timeout=timeout)
         results.append(report.summarize(cfg, ranks))
         log(f"  done in {time.monotonic() - t0:.0f}s")
     return results
@@ -65,6 +73,11 @@ def add_step_arguments(p) -> None:
         help="--part step: a mode (repeatable; default all)",
     )  # fmt: skip
     p.add_argument("--steps", type=int, default=4, help="--part step: training steps per mode (default 4)")
+    p.add_argument(
+        "--step-save", action="store_true",
+        help="--part step: after the steps, gather every parameter as a full checkpoint save does "
+        "(counted in its own 'save' column)",
+    )  # fmt: skip
 
 
 def cmd_step(args) -> int:
@@ -81,7 +94,8 @@ def cmd_step(args) -> int:
     warmup = min(args.warmup, max(0, args.steps - 1))
     try:
         results = run_step_bench(
-            configs, modes, steps=args.steps, warmup=warmup, timeout=max(args.timeout, 1800.0),
+            configs, modes, steps=args.steps, warmup=warmup, save=args.step_save,
+            timeout=max(args.timeout, 1800.0),
             log=lambda s: print(s, flush=True),
         )  # fmt: skip
     except SpawnError as e:

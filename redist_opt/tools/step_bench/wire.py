@@ -118,6 +118,26 @@ def summarize(calls: list[Collective]) -> dict:
     return {"by_kind": dict(sorted(by.items())), "count": len(calls), "bytes": sum(c.nbytes for c in calls)}
 
 
+class Window:
+    """The collectives and transitions issued while the window is entered (once)."""
+
+    def __init__(self, counter: WireCounter, log: TransitionLog):
+        self.counter, self.log = counter, log
+        self.calls: list[Collective] = []
+        self.transitions: list[Transition] = []
+
+    def __enter__(self):
+        self._start = (len(self.counter.calls), len(self.log.calls))
+        return self
+
+    def __exit__(self, *exc):
+        self.calls = self.counter.calls[self._start[0] :]
+        self.transitions = self.log.calls[self._start[1] :]
+
+    def summary(self) -> dict:
+        return {"wire": summarize(self.calls), "transitions": [t.__dict__ for t in self.transitions]}
+
+
 # -- DTensor transitions -----------------------------------------------------------------
 
 
@@ -131,9 +151,12 @@ class Transition:
 
 def _pl(placements) -> str:
     try:
-        return placements_str(placements)
+        text = placements_str(placements)
     except Exception:  # noqa: BLE001 - a placement redist_opt cannot print
         return ",".join(str(p) for p in placements)
+    if any(type(p).__name__ == "_MaskPartial" for p in placements):
+        text += " (_MaskPartial)"  # the IR prints it as a plain P (a sum, once masked)
+    return text
 
 
 def transition_key(current_spec, target_spec) -> str:

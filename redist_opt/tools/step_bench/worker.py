@@ -24,16 +24,21 @@ from redist_opt.tools.step_bench import wire
 MODES = ("plain", "existing", "compiled", "compiled_ours", "create")
 
 
-def run_config(rank: int, world: int, cfg: M.StepConfig, modes: tuple, steps: int, warmup: int) -> dict:
-    """Spawned target: this rank's results for every mode of ``cfg``."""
+def run_config(
+    rank: int, world: int, cfg: M.StepConfig, modes: tuple, steps: int, warmup: int, save: bool = False
+) -> dict:
+    """Spawned target: this rank's results for every mode of ``cfg``; ``save``: after the
+    steps, gather every parameter as a full checkpoint does (counted on its own)."""
     stubbed = M.import_torchtitan()
     # Hand-back warnings are captured per call (wire.TransitionLog); not logged 8 times over.
     logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="DTensor random operators")
+    # torch's own deprecation notice, raised by an isinstance check inside torch, once per rank
+    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
     out = {"rank": rank, "stubbed": stubbed, "modes": {}}
     for mode in modes:
         try:
-            out["modes"][mode] = _run_mode(cfg, world, mode, steps, warmup)
+            out["modes"][mode] = _run_mode(cfg, world, mode, steps, warmup, save)
         except Exception as e:  # noqa: BLE001 - a mode that fails on every rank alike is a result
             # (one that fails on some ranks only hangs the others; run_ranks reports that)
             out["modes"][mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -48,7 +53,7 @@ def _compile_backend(mode: str):
     return None
 
 
-def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int) -> dict:
+def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int, save: bool) -> dict:
     torch._dynamo.reset()
     redist_opt.clear_caches()
     model, dims = M.build(cfg, world, compile_backend=_compile_backend(mode))
@@ -68,18 +73,15 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int)
     res = {"losses": [], "walls": [], "steps": []}
     with _capture_graph_pass(graph_results), recorder, route:
         for step in range(steps):
-            first_call, first_tr = len(counter.calls), len(log.calls)
+            window, gnorm = wire.Window(counter, log), wire.Window(counter, log)
             t0 = time.perf_counter()
-            with counter:
-                loss = _train_step(model, opt, dims, *data[step])
+            with counter, window:
+                loss = _train_step(model, opt, dims, *data[step], gnorm=gnorm)
             res["walls"].append(time.perf_counter() - t0)
             res["losses"].append(_local_value(loss))
-            res["steps"].append(
-                {
-                    "wire": wire.summarize(counter.calls[first_call:]),
-                    "transitions": [t.__dict__ for t in log.calls[first_tr:]],
-                }
-            )
+            res["steps"].append({**window.summary(), "gnorm": gnorm.summary()})
+        if save:
+            res["save"] = _save(model, wire.Window(counter, log))
     timed = res["walls"][warmup:] or res["walls"]
     res["wall_median"] = statistics.median(timed)
     res["graph_pass"] = graph_results
@@ -106,9 +108,9 @@ def _batches(dims, steps: int) -> list:
     ]
 
 
-def _train_step(model, opt, dims, inputs, labels):
+def _train_step(model, opt, dims, inputs, labels, gnorm=contextlib.nullcontext()):
     """torchtitan's train step: token count over the batch mesh, forward, loss, backward,
-    ``clip_grad_norm_`` and the optimizer step."""
+    ``clip_grad_norm_`` (inside ``gnorm``, which counts its collectives) and the optimizer step."""
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.distributed import full_dtensor
     from torchtitan.distributed import utils as dist_utils
@@ -126,9 +128,24 @@ def _train_step(model, opt, dims, inputs, labels):
     loss = cross_entropy_loss(pred, labels) / global_tokens
     del pred
     loss.backward()
-    dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
+    with gnorm:
+        dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
     opt.step()
     return loss.detach()
+
+
+def _save(model, window) -> dict:
+    """What a full (consolidated) checkpoint does with every parameter: gather it to a
+    replicated tensor (``full_tensor()``, as torch.distributed.checkpoint's full state dict
+    and FSDP2 + TP's ``[_StridedShard(0), Shard(0)] -> [R, R]`` do); collectives and
+    transitions of the gather only."""
+    from torch.distributed.tensor import DTensor
+
+    with window.counter, window, torch.no_grad():
+        for p in model.parameters():
+            if isinstance(p, DTensor):
+                p.full_tensor()
+    return window.summary()
 
 
 def _local_value(loss) -> float:
@@ -152,6 +169,7 @@ def _capture_graph_pass(results: list):
                 "rewritten": sum(1 for c in r.chains if c.rewritten),
                 "before": r.collectives_before,
                 "after": r.collectives_after,
+                "reassociated": r.all_reduces_reassociated,
                 "not_raised": sorted({str(n) for n in r.not_raised}),
             }
         )
