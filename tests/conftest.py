@@ -98,9 +98,11 @@ UNITS = (
     "tests/test_quality.py",
     "tests/test_graph_lowering.py",
     "tests/test_advise_gloo.py",
+    "tests/test_graph_pass_semantics.py",
 )
 FIRST = (
     "tests/test_graph_pass_gloo.py",  # 170 s: 8 and 4 gloo ranks compiling
+    "tests/test_graph_pass_semantics.py",  # 150 s: 4 gloo ranks, compiled programs
     "tests/test_graph_lowering.py",  # 145 s: 4 gloo ranks, compiled programs
     "tests/test_graph_pass.py",  # 140 s: a compiling subprocess, Inductor
     "tests/test_gloo.py::test_gloo_compiled_tp_mlp_matches_eager",  # 110 s

@@ -47,6 +47,10 @@ class ChainOp:
     reduce_op: str | None = None
     n: int = 1  # slice: number of blocks
     index: int | None = None  # slice: constant block index on this rank
+    # slice: DTensor's redistribute put it there (node.meta["source_fn_stack"]); such a
+    # slice is known to select the caller's own block on every rank, so when one dim
+    # set has its size it needs no agreement. Any other slice is proven by agreement.
+    trusted: bool = False
     group_name: str | None = None
     ctx: MeshContext | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -74,6 +78,9 @@ class Chain:
     shape: tuple[int, ...] = ()  # global shape (untouched mesh dims count as replicated)
     dtype: torch.dtype = torch.float32
     stop_reason: str | None = None  # why the walk stopped where it did (for dumps)
+    # ops[:kept] end in a value other users still need: a rewrite keeps them (and their
+    # collectives) and replaces only what comes after (a chain through a shared value)
+    kept: int = 0
 
     @property
     def nodes(self) -> list[fx.Node]:
@@ -86,6 +93,10 @@ class Chain:
     @property
     def collectives(self) -> list[ChainOp]:
         return [op for op in self.ops if op.kind in COLLECTIVE_KINDS]
+
+    @property
+    def kept_collectives(self) -> list[ChainOp]:
+        return [op for op in self.ops[: self.kept] if op.kind in COLLECTIVE_KINDS]
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -5,7 +5,8 @@
 
     all_reduce(dims)        each dim: untouched -> Partial(op) in src, Replicate now
     reduce_scatter(dims, t) the same, then Shard(t) now (dims innermost on t)
-    slice(dims, t)          each dim: untouched -> Replicate in src, Shard(t) now
+    slice(dims, t)          each dim: untouched -> Replicate in src (DTensor's slices
+                            only), Shard(t) now
     all_gather(dims, t)     untouched dims: Shard(t) in src; or the innermost shards
                             of t made in the chain; either way Replicate now
     pointwise               only once no dim is partial any more
@@ -64,6 +65,12 @@ def _shard(r: _Replay, op: ChainOp) -> str | None:
     dims, t = op.dims, op.tensor_dim
     if any(r.cur[d] is not None and not isinstance(r.cur[d], Replicate) for d in dims):
         return f"{op.nodes[0].name}: shards mesh dims {dims} that are not replicated"
+    if op.kind == "slice" and not op.trusted and any(r.cur[d] is None for d in dims):
+        # Only DTensor declares a value replicated over dims nothing in the chain
+        # touched; a slice of unknown origin selects over dims a collective of the
+        # chain made replicated, or it is not raised (its input may differ across ranks).
+        return (f"{op.nodes[0].name}: slices over mesh dims {dims} that no collective of the chain "
+                "made replicated (only DTensor metadata declares them replicated)")
     existing = r.order.setdefault(t, [])
     if list(dims) != sorted(dims) or (existing and max(existing) >= min(dims)):
         return (f"{op.nodes[0].name}: shard order {existing + list(dims)} of tensor dim {t} "

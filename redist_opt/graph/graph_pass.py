@@ -39,10 +39,15 @@ Legality: those of raising, plus
 3. the decision uses only shapes, dtypes, layouts and graph structure, so every
    rank rewrites the same chains the same way and creates groups in the same order.
 
+A chain through a value with more than one user keeps that value (and the
+collectives before it) for the other users, and is rewritten only when it is
+cheaper counting the kept collectives on both sides, and cheaper than the chain
+after that value rewritten alone (which is then tried instead).
+
 What it does not do: raise chains through ``all_to_all_single`` or uneven shards
 (pad / narrow), though plans using them are lowered; collectives on different
-root meshes, values with more than one user in mid-chain. Each is left as it was with a one-line reason in the result (and
-in the dump).
+root meshes. Each is left as it was with a one-line reason in the result (and in
+the dump).
 """
 
 from __future__ import annotations
@@ -84,14 +89,17 @@ class ChainResult:
     after: list[tuple[str, str, int]]
     rewritten: bool
     reason: str
+    # collectives before a shared value, kept for its other users (counted on both sides)
+    kept: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
         def fmt(cs):
             return " ; ".join(f"{k}({g})" for k, g, _ in cs) or "nothing"
 
         verdict = "rewritten" if self.rewritten else "kept"
-        return (f"{self.src} -> {self.dst} {self.shape} on {self.mesh}: {fmt(self.before)} => "
-                f"{fmt(self.after)}: {verdict}: {self.reason}")
+        shared = f"[{fmt(self.kept)} kept] " if self.kept else ""
+        return (f"{self.src} -> {self.dst} {self.shape} on {self.mesh}: {shared}{fmt(self.before)} => "
+                f"{shared}{fmt(self.after)}: {verdict}: {self.reason}")
 
 
 @dataclasses.dataclass
@@ -107,13 +115,18 @@ class GraphPassResult:
         """All_reduces the reassociation pass removed."""
         return sum(r.removed for r in self.reassociated)
 
+    def _counted(self) -> list[ChainResult]:
+        # a chain through a shared value that was not rewritten overlaps the chains
+        # before and after that value, which are counted themselves
+        return [c for c in self.chains if c.rewritten or not c.kept]
+
     @property
     def collectives_before(self) -> int:
-        return sum(len(c.before) for c in self.chains)
+        return sum(len(c.before) for c in self._counted())
 
     @property
     def collectives_after(self) -> int:
-        return sum(len(c.after if c.rewritten else c.before) for c in self.chains)
+        return sum(len(c.after if c.rewritten else c.before) for c in self._counted())
 
     def explain(self) -> str:
         lines = [str(c) for c in self.chains] + [str(n) for n in self.not_raised]
@@ -201,18 +214,20 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     failed = agree_slice_dims(chains, all_gather) if chains else {}
     results: list[ChainResult] = []
     modified = False
+    erased: set[fx.Node] = set()
+    settled: dict[int, bool] = {}
+
+    def settle(i: int) -> bool:
+        if i not in settled:
+            settled[i] = _settle(chains[i], failed.get(i), not_raised)
+        return settled[i]
+
+    # In find_chains' order: a chain whose nodes a rewritten chain took is skipped.
     for ci, chain in enumerate(chains):
-        if ci in failed:
-            pos, why = failed[ci]
-            whole = chain.names
-            if not truncate(chain, pos, why):
-                not_raised.append(NotRaised(whole, why))
-                continue
-        why = assign_placements(chain)
-        if why is not None:
-            not_raised.append(NotRaised(chain.names, why))
+        if erased.intersection(chain.nodes) or not settle(ci):
             continue
-        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice)
+        rival = _rival_key(chain, chains, settle, groups, cost, choice) if chain.kept else None
+        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice, rival)
         if chain.stop_reason and not res.rewritten:
             res.reason += f"; the chain stops before {chain.stop_reason}"
         results.append(res)
@@ -221,8 +236,9 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
         if new_value is not None:
             chain.end.replace_all_uses_with(new_value)
             for n in reversed(chain.nodes):
-                if not n.users:
+                if not n.users and n not in erased:
                     graph.erase_node(n)
+                    erased.add(n)
             modified = True
     reassociated = reassociate_all_reduces(graph) if reassociate else []
     modified = modified or bool(reassociated)
@@ -237,41 +253,100 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     return result
 
 
-def _optimize_chain(graph, chain: Chain, groups, cost, choice):
+def _settle(chain: Chain, failure, not_raised: list) -> bool:
+    """Cut ``chain`` where its slices' agreement failed and give it placements; False
+    (with the reason recorded) when nothing is left to rewrite."""
+    whole = chain.names
+    if failure is not None:
+        pos, why = failure
+        if chain.kept and pos <= chain.kept:
+            not_raised.append(NotRaised(whole, f"not continued through a shared value: {why}"))
+            return False
+        if not truncate(chain, pos, why) or len(chain.collectives) == len(chain.kept_collectives):
+            not_raised.append(NotRaised(whole, why))
+            return False
+    why = assign_placements(chain)
+    if why is not None:
+        not_raised.append(NotRaised(chain.names, why))
+        return False
+    return True
+
+
+def _plan_chain(chain: Chain, groups, cost, choice):
+    """(naive, optimized) plans of a settled chain, or why it is not planned."""
     prefer, max_collectives = choice
+    try:
+        naive = make_plan(chain.ctx.spec, chain.src, chain.dst, chain.shape, chain.dtype)
+        if naive.fallback:
+            return f"not planned: {naive.fallback_reason}"
+        return naive, run_pipeline(naive, groups=groups, cost=cost, prefer=prefer,
+                                   max_collectives=max_collectives, on_change=pass_dump_writer(None, naive))
+    except RedistributeError as e:
+        return f"not planned: {e}"
+
+
+def _key(cs) -> tuple[int, float]:
+    return (len(cs), _moved(cs))
+
+
+def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
+    """The cost (kept collectives included) of the other way to rewrite what ``chain``
+    (through a shared value) rewrites: the chain after the shared value alone, planned
+    from that value. ``chain`` is used only when it beats it."""
+    suffix = {op.nodes[-1] for op in chain.collectives[len(chain.kept_collectives):]}
+    for j, other in enumerate(chains):
+        if other.kept or other.end is not chain.end or not settle(j):
+            continue
+        if {op.nodes[-1] for op in other.collectives} != suffix:
+            continue
+        planned = _plan_chain(other, groups, cost, choice)
+        if isinstance(planned, str):
+            return None
+        kept = _original_collectives(chain)[: len(chain.kept_collectives)]
+        return _key(kept + min(_plan_collectives(planned[1]), _original_collectives(other), key=_key))
+    return None
+
+
+def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
     spec = chain.ctx.spec
     src = ",".join(placement_str(p) for p in chain.src)
     dst = ",".join(placement_str(p) for p in chain.dst)
     before = _original_collectives(chain)
+    # collectives kept for other users of a shared value: paid before and after
+    kept, before = before[: len(chain.kept_collectives)], before[len(chain.kept_collectives):]
 
     def result(after, rewritten, reason):
         strip = lambda cs: [c[:3] for c in cs]  # noqa: E731
         return ChainResult(chain.names, spec.shape_str, src, dst, chain.shape, strip(before),
-                           strip(after), rewritten, reason)
+                           strip(after), rewritten, reason, strip(kept))
 
-    try:
-        naive = make_plan(spec, chain.src, chain.dst, chain.shape, chain.dtype)
-        if naive.fallback:
-            return result([], False, f"not planned: {naive.fallback_reason}"), None, ()
-        plan = run_pipeline(naive, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
-                            on_change=pass_dump_writer(None, naive))
-    except RedistributeError as e:
-        return result([], False, f"not planned: {e}"), None, ()
+    planned = _plan_chain(chain, groups, cost, choice)
+    if isinstance(planned, str):
+        return result([], False, planned), None, ()
+    naive, plan = planned
     after = _plan_collectives(plan)
-    old_key = (len(before), _moved(before))
-    new_key = (len(after), _moved(after))
+    old_key, new_key = _key(kept + before), _key(kept + after)
     if new_key >= old_key:
         return result(after, False, (
-            f"not cheaper ({len(after)} collectives moving {new_key[1]:.0f} B vs "
-            f"{len(before)} moving {old_key[1]:.0f} B)"
+            f"not cheaper ({new_key[0]} collectives moving {new_key[1]:.0f} B vs "
+            f"{old_key[0]} moving {old_key[1]:.0f} B{_kept_note(kept)})"
+        )), None, (naive, plan)
+    if rival is not None and new_key >= rival:
+        return result(after, False, (
+            f"the chain after the shared value, rewritten alone, is as cheap ({rival[0]} collectives "
+            f"moving {rival[1]:.0f} B vs {new_key[0]} moving {new_key[1]:.0f} B{_kept_note(kept)})"
         )), None, (naive, plan)
     try:
         new_value = lower_into_graph(graph, chain, plan, groups)
     except Unlowerable as e:
         return result(after, False, f"not lowered: {e}"), None, (naive, plan)
-    reason = (f"{len(before)} -> {len(after)} collectives, {old_key[1]:.0f} -> {new_key[1]:.0f} B "
-              f"moved per rank; passes: {', '.join(plan.applied_passes) or 'none'}")
+    reason = (f"{old_key[0]} -> {new_key[0]} collectives, {old_key[1]:.0f} -> {new_key[1]:.0f} B "
+              f"moved per rank{_kept_note(kept)}; passes: {', '.join(plan.applied_passes) or 'none'}")
     return result(after, True, reason), new_value, (naive, plan)
+
+
+def _kept_note(kept) -> str:
+    return f", counting {len(kept)} kept for other users of a shared value" if kept else ""
 
 
 # -- Inductor hook --------------------------------------------------------------------------

@@ -23,7 +23,10 @@ left exactly as it was and a one-line reason is recorded):
    ``cat(split(x, s, d), 0)`` before a scatter / ``cat(split(y, s, 0), d)`` after a
    gather surrounds it, every piece used once in order), and its only user is its
    ``wait_tensor``; intermediate values have exactly one user (the next op of the
-   chain), so nothing else observes a value the rewrite removes.
+   chain), so nothing else observes a value the rewrite removes. A chain may also go
+   on through a value with several users along one of them: that value and the ops
+   before it are then kept for the others (``Chain.kept``), and the graph pass counts
+   their collectives on both sides of its cost comparison.
 2. Every group name resolves (:mod:`redist_opt.graph.mesh_groups`) to the ranks of an ordered set of dims of one root
    DeviceMesh: the ranks equal, in order, the rank map of those dims through this
    rank's coordinate. All collectives of a chain live on one root mesh.
@@ -35,16 +38,20 @@ left exactly as it was and a one-line reason is recorded):
 4. Shards are even: every tensor dim a chain shards or gathers is divisible by
    the product of the mesh dims involved (no pad/narrow appears; uneven chains are
    not raised).
-5. A rank-dependent slice (``split`` + ``getitem`` or ``slice``) with a constant
-   index is raised only when it comes from ``DTensor.redistribute``
-   (``node.meta["source_fn_stack"]``: DTensor always selects the caller's own
-   block) *and* the mesh dims it selects over are known on every rank alike: the
-   root mesh has exactly one ordered set of dims of that size whose block index
-   is this rank's, after intersecting the candidates of the ranks that compile
-   the same program (:func:`redist_opt.graph.agreement.agree_slice_dims`: an
-   exchange through the default group's store at compile time on a real backend,
-   keyed by the chain and the mesh, bounded in time; a hand-written
-   ``chunk(n)[0]`` has no candidate common to all ranks).
+5. A rank slice (``split`` + ``getitem`` or ``slice`` taking one even block, with
+   this rank's constant index) is raised only when it is proven to select this
+   rank's own block over one ordered set of mesh dims, the same set on every rank
+   that compiles the same program: each rank lists the dim sets whose block index
+   is its constant (from its mesh coordinate), and the ranks intersect their lists
+   (:func:`redist_opt.graph.agreement.agree_slice_dims`: an exchange through the
+   default group's store at compile time on a real backend, keyed by the chain and
+   the mesh, bounded in time; a failed or timed-out round leaves the chain as
+   traced from the slice on, on every rank of it). Only dim sets whose coordinates
+   vary among those ranks count, so a constant that user code wrote (the same on
+   every rank: ``chunk(n)[0]``) never matches, whatever the graph's metadata says.
+   A slice that DTensor's redistribute put there (``node.meta["source_fn_stack"]``)
+   is known to select the caller's block: when exactly one dim set of the root mesh
+   has its size, it needs no exchange (so it is raised on the fake backend too).
    A mesh dim the chain has not touched before such a slice is taken to hold
    equal replicas: the DTensor that issued the slice declares it ``Replicate``
    (so "slice then gather back" over it is the identity).
@@ -54,7 +61,9 @@ left exactly as it was and a one-line reason is recorded):
 
 Every decision reads only rank-independent facts (graph structure, shapes,
 dtypes, layouts), or facts agreed across ranks (condition 5), so every rank
-raises the same chains the same way.
+raises the same chains the same way. Metadata is never needed: graphs from other
+tracers (autoparallel copies the user op's metadata onto the ops it emits) raise
+as DTensor's do, given a real backend for the agreement.
 
 This module finds chains (the greedy walk, conditions 1, 2, 5's slice matching
 and 6's operand check); :mod:`redist_opt.graph.chain_placements` gives a chain its
@@ -71,6 +80,7 @@ import torch
 import torch.fx as fx
 
 from redist_opt.graph.chain import (
+    COLLECTIVE_KINDS,
     COLLECTIVES,
     REDUCE_OPS,
     WAIT,
@@ -126,16 +136,21 @@ def _from_redistribute(node: fx.Node) -> bool:
 
 
 def _match_slice(node: fx.Node, shape):
-    """(ChainOp, reason) for ``split``+``getitem`` / ``slice`` taking one even block."""
+    """(ChainOp, reason) for ``split``+``getitem`` / ``slice`` taking one even block.
+
+    The block index is this rank's constant; whether it is this rank's *own* block is
+    decided later, from the mesh coordinates and across ranks (legality 5)."""
     if node.target is aten.split.Tensor:
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
         size = node.args[1]
         users = list(node.users)
-        if len(users) != 1 or users[0].target is not operator.getitem:
+        # every piece a getitem, one of them used (tracers leave the others dead)
+        live = [u for u in users if u.users]
+        if not users or any(u.target is not operator.getitem for u in users) or len(live) != 1:
             return None, "split with several blocks used is not a rank slice"
-        get = users[0]
+        get = live[0]
         k = get.args[1]
-        nodes = (node, get)
+        nodes = (node, *(u for u in users if u is not get), get)
     elif node.target is aten.slice.Tensor:
         a = list(node.args) + [None] * (5 - len(node.args))
         dim, start, end, step = a[1] or 0, a[2], a[3], a[4] or 1
@@ -152,12 +167,7 @@ def _match_slice(node: fx.Node, shape):
     n = shape[dim] // size
     if not 0 <= k < n:
         return None, f"{node.name}: block index {k} out of range"
-    if not _from_redistribute(node):
-        return None, (
-            f"{node.name}: a slice with a constant index from user code cannot be proven to "
-            "select this rank's block"
-        )
-    return ChainOp("slice", nodes, tensor_dim=dim, n=n, index=k), None
+    return ChainOp("slice", nodes, tensor_dim=dim, n=n, index=k, trusted=_from_redistribute(node)), None
 
 
 def _scalar_args(node: fx.Node) -> bool:
@@ -245,13 +255,15 @@ def _match_local(node):
     return _match_slice(node, shape_in)
 
 
-def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
-    """Greedy walk from collective ``start``: the ops of the chain and why it stopped."""
+def _walk(start: fx.Node, contexts, cache):
+    """Greedy walk from ``start`` (a collective, or a local op after a shared value): the
+    ops of the chain, why it stopped, and the value it stopped at when that value has
+    several users (else None)."""
     ops: list[ChainOp] = []
     node = start
     while node is not None:
         if node.op != "call_function":
-            return ops, None
+            return ops, None, None
         prologue = ()
         tensor_dim = 0
         if node.target is aten.split.Tensor:
@@ -265,21 +277,59 @@ def _walk(start: fx.Node, contexts, cache) -> tuple[list[ChainOp], str | None]:
         else:
             op, why = _match_local(node)
         if op is None:
-            return ops, why
+            return ops, why, None
         ops.append(op)
         last = op.nodes[-1]
         node = _sole_user(last)
         if node is None:
             n = len(last.users)
-            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None)
-    return ops, None
+            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None), (last if n > 1 else None)
+    return ops, None, None
+
+
+def _through(prefix: list[ChainOp], shared: fx.Node, contexts, cache, depth: int = 0):
+    """Chains that go on through ``shared`` (the end of ``prefix``, a value with several
+    users) along one of its users: the prefix is kept for the others (``Chain.kept``).
+    Only branches with a collective of their own: re-planning the whole chain can then
+    beat the branch's collectives; without one it cannot (the kept prefix already costs
+    what the branch costs)."""
+    out = []
+    for user in shared.users:
+        if user.op != "call_function" or not user.args or user.args[0] is not shared:
+            continue
+        raw, why, again = _walk(user, contexts, cache)
+        ops = trim(list(raw))
+        if not any(op.kind in COLLECTIVE_KINDS for op in ops):
+            continue
+        out.append((prefix + ops, len(prefix), why))
+        if again is not None and depth < _MAX_SHARED_DEPTH:
+            out += _through(prefix + raw, again, contexts, cache, depth + 1)
+    return out
+
+
+# How many shared values a chain may go through.
+_MAX_SHARED_DEPTH = 2
+
+
+def _one_context(ops: list[ChainOp]):
+    ctxs = {id(op.ctx): op.ctx for op in ops if op.ctx is not None}
+    return next(iter(ctxs.values())) if len(ctxs) == 1 else None
 
 
 def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
-    """(raw chains, not-raised records) in graph order; slices still need dims (see graph_pass)."""
+    """(raw chains, not-raised records); slices still need dims (see graph_pass).
+
+    A chain that stops at a value with several users is also continued through it, once
+    per user that leads to more collectives (chains with ``kept > 0``). Chains come in
+    the order they are to be tried, since a rewritten chain takes its nodes from the
+    chains overlapping it: first the chains through shared values (deepest first; the
+    graph pass uses one only when it beats the chain after the shared value alone),
+    then the chains through no shared value, then the chains ending at a shared value."""
     cache: dict = {}
     seen: set[fx.Node] = set()
     chains: list[Chain] = []
+    through: list[Chain] = []
+    prefixes: list[Chain] = []
     skipped: list[NotRaised] = []
     for node in graph.nodes:
         if node in seen or node.op != "call_function" or node.target not in COLLECTIVES:
@@ -289,19 +339,25 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
             pro = scatter_prologue(node)
             if pro is not None and not (set(pro[3]) & seen):
                 start = pro[3][0]
-        ops, why = _walk(start, contexts, cache)
-        ops = trim(ops)
+        raw, why, shared = _walk(start, contexts, cache)
+        ops = trim(list(raw))
         for op in ops:
             seen.update(op.nodes)
         if not ops:
             skipped.append(NotRaised((node.name,), why or "nothing to raise"))
             continue
-        ctxs = {id(op.ctx): op.ctx for op in ops if op.ctx is not None}
-        if len(ctxs) != 1:
+        ctx = _one_context(ops)
+        if ctx is None:
             skipped.append(NotRaised(tuple(n.name for op in ops for n in op.nodes),
                                      "collectives of the chain live on different root meshes"))
             continue
-        chain = Chain(start.args[0], ops, next(iter(ctxs.values())))
+        chain = Chain(start.args[0], ops, ctx)
         chain.stop_reason = why
-        chains.append(chain)
-    return chains, skipped
+        found = _through(raw, shared, contexts, cache) if shared is not None else []
+        for t_ops, kept, t_why in found:
+            t_ctx = _one_context(t_ops)
+            if t_ctx is not None:
+                through.append(Chain(start.args[0], t_ops, t_ctx, stop_reason=t_why, kept=kept))
+        (prefixes if found else chains).append(chain)
+    through.sort(key=lambda c: -c.kept)  # stable: graph order among equals
+    return through + chains + prefixes, skipped

@@ -187,8 +187,9 @@ class Recorder:
     graphs eagerly; with ``stop_after_pass`` it raises :class:`PassDone` instead of
     returning a compiled graph, so nothing runs (a compile on one rank only)."""
 
-    def __init__(self, *, apply_pass=True, stop_after_pass=False, **options) -> None:
+    def __init__(self, *, apply_pass=True, stop_after_pass=False, strip_meta=False, **options) -> None:
         self.apply_pass, self.stop_after_pass, self.options = apply_pass, stop_after_pass, options
+        self.strip_meta = strip_meta
         self.graphs: list[dict] = []
 
     def backend(self):
@@ -196,6 +197,8 @@ class Recorder:
         from torch._dynamo.backends.common import aot_autograd
 
         def compiler(gm, example_inputs):
+            if self.strip_meta:
+                strip_meta(gm)
             entry = {"before": count_collectives(gm), "code_before": gm.code}
             if self.apply_pass:
                 start = time.perf_counter()
@@ -212,6 +215,15 @@ class Recorder:
             return make_boxed_func(gm.forward)
 
         return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)
+
+
+def strip_meta(gm) -> None:
+    """Drop every node's metadata but its value (what a graph from another tracer
+    may carry: no ``source_fn_stack``, no stack traces)."""
+    for n in gm.graph.nodes:
+        keep = {k: n.meta[k] for k in ("val", "tensor_meta") if k in n.meta}
+        n.meta.clear()
+        n.meta.update(keep)
 
 
 def compile_program(fn, x, recorder: Recorder):
