@@ -109,8 +109,9 @@ def test_a_chain_of_unknown_origin_is_agreed_afresh_on_every_compile(mesh3, monk
                            all_gather=_other_ranks(mesh3, lambda c: c[2]))
     second = optimize_graph(_trace(_weight_gather(mesh3, 0), (2, 8)), meshes=mesh3,
                             all_gather=_other_ranks(mesh3, lambda c: 0))
+    # the second compile: the whole chain, then the gathers after the refused slice
     assert first.modified and not second.modified
-    assert len(rounds) == 2 and rounds[0].key != rounds[1].key
+    assert len(rounds) == 3 and rounds[0].key != rounds[1].key
     assert rounds[1].earlier == rounds[0].key and rounds[1].ranks == rounds[0].ranks
 
 
@@ -132,3 +133,15 @@ def test_a_lone_recompile_after_a_committed_round_keeps_the_chain_and_warns(monk
         (lone,) = agreement.store_exchange([agreement.Agreement("k2", (0, 1), [[(0,)]], earlier="k1")],
                                            timeout_s=0.05)
     assert "not every rank of [0, 1]" in lone
+
+
+def test_collectives_after_a_refused_slice_are_raised_on_their_own(mesh3):
+    """The fake backend cannot agree on the first slice, so the chain is cut there; the
+    gathers after it (S(0) over x, then S(1) over z) are still one chain of their own,
+    merged into one all_gather over x+z when groups may be created."""
+    gm = _trace(_weight_gather(mesh3, 0), (2, 8))
+    result = optimize_graph(gm, meshes=mesh3, groups="create")
+    text = result.explain()
+    assert result.modified, text
+    assert count_collectives(gm) == {"all_gather": 2}
+    assert "the chain stops before split" in text and "S(0),R,S(1) -> R,R,R" in text, text

@@ -17,7 +17,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt.graph.mesh_groups import MeshContext
 
-__all__ = ["C10D", "COLLECTIVES", "WAIT", "REDUCE_OPS", "ChainOp", "Chain", "NotRaised", "truncate"]
+__all__ = ["C10D", "COLLECTIVES", "WAIT", "REDUCE_OPS", "ChainOp", "Chain", "NotRaised", "truncate", "after"]
 
 C10D = torch.ops._c10d_functional
 # functional collective op -> chain op kind
@@ -133,3 +133,18 @@ def truncate(chain: Chain, pos: int, reason: str) -> bool:
     chain.ops = trim(list(chain.ops[:pos]))
     chain.stop_reason = reason
     return bool(chain.collectives)
+
+
+def after(chain: Chain, pos: int) -> Chain | None:
+    """The chain that starts at the first collective after op ``pos`` (a slice the chain
+    is cut at), to be raised on its own; None when no collective follows. Only for a
+    chain through no shared value: what follows a shared value is a chain of its own
+    already."""
+    if chain.kept:
+        return None
+    rest = chain.ops[pos + 1:]
+    first = next((k for k, op in enumerate(rest) if op.kind in COLLECTIVE_KINDS), None)
+    if first is None:
+        return None
+    ops = trim(list(rest[first:]))
+    return Chain(ops[0].nodes[0].args[0], ops, chain.ctx, stop_reason=chain.stop_reason)

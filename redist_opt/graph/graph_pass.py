@@ -63,7 +63,7 @@ from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suff
 from redist_opt.graph import agreement, chain_placements, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import agree_slice_dims
-from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, truncate
+from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
@@ -211,7 +211,7 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     chains, not_raised = find_chains(graph, contexts) if contexts else ([], [])
     if not contexts and count_collectives(graph):
         not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
-    failed = agree_slice_dims(chains, all_gather) if chains else {}
+    failed = _agree(chains, all_gather)
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()
@@ -251,6 +251,21 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
         _write(dump_dir, f"{tag}.after.txt", _graph_text(gm))
         _write(dump_dir, f"{tag}.explain.txt", result.explain() + "\n")
     return result
+
+
+def _agree(chains: list[Chain], all_gather) -> dict[int, tuple[int, str]]:
+    """Agree on every chain's slices (:func:`agree_slice_dims`); the part of a chain
+    after a slice that could not be agreed is appended to ``chains`` as a chain of its
+    own (its collectives can still be rewritten) and agreed in a round of its own."""
+    failed: dict[int, tuple[int, str]] = {}
+    todo = list(range(len(chains)))
+    while todo:
+        got = agree_slice_dims([chains[i] for i in todo], all_gather)
+        failed.update({todo[j]: f for j, f in got.items()})
+        rest = [after(chains[todo[j]], pos) for j, (pos, _) in sorted(got.items())]
+        todo = [len(chains) + k for k in range(len([c for c in rest if c is not None]))]
+        chains.extend(c for c in rest if c is not None)
+    return failed
 
 
 def _settle(chain: Chain, failure, not_raised: list) -> bool:
