@@ -8,9 +8,9 @@ without it. Its example script runs a 256-rank CUDA job at import, so the
 ``examples/example_autoparallel.py`` by its syntax tree: the classes, functions
 and ``context_fn`` are executed, the script's top-level run is not.
 
-Three builds of the same model on the same mesh (one ILP solution each; the
-solver is deterministic, and the runner checks that every build placed the
-parameters the same way):
+Five builds of the same model on the same mesh (one ILP solution each; the
+solver is deterministic, and the runner checks that the builds of one ILP pricing
+placed the parameters the same way):
 
 - ``torch``: autoparallel as shipped (its compiler, torch's redistribute);
 - ``pass``: ``compiler_fn`` only: the graph pass on the graphs autoparallel traced;
@@ -19,6 +19,13 @@ parameters the same way):
   (calls counted). autoparallel lowers its graph inside torch's
   ``use_min_cost_redistribution_plan()``; with default shard orders redist_opt plans
   those calls too (the flag only picks between torch's own two planners).
+- ``priced``: autoparallel as shipped, but its ILP prices its edges with
+  :func:`redist_opt.redistribute_cost` (the modelled time of redist_opt's plan on
+  the mesh's groups) instead of its own copy of torch's estimate, so it may place
+  parameters differently (recorded, and its values compared with ``torch``'s: that
+  difference is autoparallel's own, between two placements);
+- ``costs``: ``priced``'s ILP with ``enabled`` and ``compiler_fn``; its values are
+  compared with ``priced``'s (the same placement, torch's redistribute).
 
 Each graph autoparallel compiles (training forward, training backward, inference
 forward) is counted before and after the pass, with the pass's reasons for what it
@@ -41,11 +48,14 @@ import torch
 import torch.distributed as dist
 
 from redist_opt.api import routing
+from redist_opt.api.costs import redistribute_cost
 from redist_opt.graph_pass import compiler_fn, count_collectives
 
-__all__ = ["BlockDims", "BUILDS", "example_path", "load_block", "cpu_device_limit", "check_rank"]
+__all__ = ["BlockDims", "BUILDS", "REFERENCE", "example_path", "load_block", "cpu_device_limit", "check_rank"]
 
-BUILDS = ("torch", "pass", "enabled")
+BUILDS = ("torch", "pass", "enabled", "priced", "costs")
+# the build each one's values are compared with
+REFERENCE = {"pass": "torch", "enabled": "torch", "priced": "torch", "costs": "priced"}
 
 EXAMPLE_ENV = "REDIST_OPT_AUTOPARALLEL_EXAMPLE"
 EXAMPLE_MODULE = "autoparallel_example_block"  # the module Block is loaded as
@@ -190,15 +200,16 @@ def _build(block_cls, mesh, dims: BlockDims, build: str, groups: str):
     def input_fn():
         return torch.rand(dims.batch * mesh.shape[0], dims.seq, dims.dim)
 
-    routed = RoutedCalls() if build == "enabled" else None
-    with routed.active(groups) if routed else contextlib.nullcontext():
-        with AutoParallel(model, input_fn, mesh, mp) as autop:
+    routed = RoutedCalls() if build in ("enabled", "costs") else None
+    costs = _our_costs(groups) if build in ("priced", "costs") else contextlib.nullcontext()
+    with routed.active(groups) if routed else contextlib.nullcontext(), costs:
+        with AutoParallel(model, input_fn, mesh, mp) as autop:  # entering it prices the edges
             autop.add_parameter_memory_constraint(low=None, high=None)
             io = (Shard(0),) + (Replicate(),) * (mesh.ndim - 1)
             autop.add_input_constraints([io])
             autop.add_output_constraints([io])
             placement = autop.optimize_placement()
-            if build == "torch":
+            if build in ("torch", "priced"):
                 log = GraphLog(autop.compiler_fn, None)
             else:
                 ours = compiler_fn(meshes=mesh, groups=groups, inner=autop.compiler_fn)
@@ -206,6 +217,20 @@ def _build(block_cls, mesh, dims: BlockDims, build: str, groups: str):
             autop.compiler_fn = log
             parallel = autop.apply_placement(placement)
     return parallel, log, routed
+
+
+@contextlib.contextmanager
+def _our_costs(groups: str):
+    """autoparallel's ILP edge costs from :func:`redist_opt.redistribute_cost` (the line
+    a user writes: ``optimize_sharding.estimate_strategy_comms_cost = ...``)."""
+    from autoparallel import optimize_sharding
+
+    own = optimize_sharding.estimate_strategy_comms_cost
+    optimize_sharding.estimate_strategy_comms_cost = lambda src, tgt: redistribute_cost(src, tgt, groups=groups)
+    try:
+        yield
+    finally:
+        optimize_sharding.estimate_strategy_comms_cost = own
 
 
 def _placements(module) -> dict:
@@ -229,7 +254,8 @@ def _step(module, reference, mesh, dims: BlockDims) -> dict:
         weights = dict(reference.named_parameters())
         with torch.no_grad():
             for name, p in module.named_parameters():
-                p.to_local().copy_(weights[name].to_local())
+                w = weights[name]  # the same on every rank: redistributed where placed differently
+                p.to_local().copy_(w.redistribute(p.device_mesh, p.placements).to_local())
     dp = mesh.get_coordinate()[0]
     x = _seeded(1000 + dp, (dims.batch, dims.seq, dims.dim), torch.float32)
     out = module(x)
@@ -237,7 +263,8 @@ def _step(module, reference, mesh, dims: BlockDims) -> dict:
     out.backward(grad_out)
     with torch.no_grad():
         inference = module(x)
-    grads = {name: p.grad.to_local().detach().clone() for name, p in module.named_parameters()}
+    # whole gradients: a build may have placed a parameter differently
+    grads = {name: p.grad.full_tensor().detach().clone() for name, p in module.named_parameters()}
     return {"out": out.detach().clone(), "inference": inference.detach().clone(), "grads": grads}
 
 
@@ -245,7 +272,10 @@ def _compare(ref: dict, got: dict) -> dict:
     pairs = [("output", ref["out"], got["out"]), ("inference output", ref["inference"], got["inference"])]
     pairs += [(f"grad {n}", ref["grads"][n], got["grads"][n]) for n in ref["grads"]]
     diffs = {what: (a.float() - b.float()).abs().max().item() for what, a, b in pairs}
-    return {"bitwise": all(torch.equal(a, b) for _, a, b in pairs), "max_abs_diff": max(diffs.values()), "diffs": diffs}
+    # relative to the largest magnitude of the reference (the outputs run to 1e8 with seeded weights)
+    rel = {what: diffs[what] / max(a.float().abs().max().item(), 1e-30) for what, a, _ in pairs}
+    return {"bitwise": all(torch.equal(a, b) for _, a, b in pairs), "max_abs_diff": max(diffs.values()),
+            "max_rel_diff": max(rel.values()), "diffs": diffs}
 
 
 def check_rank(rank: int, world: int, mesh_shape: tuple, dims: BlockDims, groups: str, run_step: bool) -> dict:
@@ -260,18 +290,21 @@ def check_rank(rank: int, world: int, mesh_shape: tuple, dims: BlockDims, groups
     with cpu_device_limit():
         for build in BUILDS:
             parallel, log, routed = _build(block_cls, mesh, dims, build, groups)
+            entry = {"graphs": log.graphs}
             if placements is None:
                 placements = _placements(parallel)
-            elif _placements(parallel) != placements:
-                raise AssertionError(f"build {build!r} placed the parameters differently from 'torch'")
-            entry = {"graphs": log.graphs}
+            elif build == "priced":
+                entry["placements"] = _placements(parallel)
+            elif _placements(parallel) != out["builds"]["priced" if build == "costs" else "torch"].get(
+                    "placements", placements):
+                raise AssertionError(f"build {build!r} placed the parameters differently from its reference")
             if routed is not None:
                 entry.update(routed_calls=routed.calls, torch_only=routed.torch_only, binding_routed=routed.binding_routed)
             if run_step:
                 values[build] = _step(parallel, values.get("torch", {}).get("module"), mesh, dims)
                 values[build]["module"] = parallel
                 if build != "torch":
-                    entry["compare"] = _compare(values["torch"], values[build])
+                    entry["compare"] = _compare(values[REFERENCE[build]], values[build])
             out["builds"][build] = entry
     out["placements"] = placements
     if dist.is_initialized():

@@ -25,7 +25,7 @@ import sys
 import traceback
 from collections import Counter
 
-from redist_opt.tools.autoparallel_block import BUILDS, BlockDims, check_rank, example_path
+from redist_opt.tools.autoparallel_block import BUILDS, REFERENCE, BlockDims, check_rank, example_path
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 
 __all__ = ["INSTALL_STEPS", "SETTINGS", "autoparallel_missing", "run_setting", "format_report", "cmd_autoparallel"]
@@ -53,7 +53,12 @@ BUILD_TITLES = {
     "torch": "autoparallel as shipped",
     "pass": "compiler_fn only",
     "enabled": "enabled() + compiler_fn",
+    "priced": "as shipped, ILP priced by redist_opt",
+    "costs": "enabled() + compiler_fn, ILP priced by redist_opt",
 }
+# the builds that run the graph pass / route autoparallel's redistribute
+PASS_BUILDS = ("pass", "enabled", "costs")
+ROUTED_BUILDS = ("enabled", "costs")
 
 
 def autoparallel_missing() -> str | None:
@@ -183,7 +188,7 @@ def format_report(result: dict) -> str:
         lines.append(f"| {row['graph']} | " + " | ".join(cells) + " |")
     rank0 = result["ranks"][0]["builds"]
     lines.append("")
-    for build in BUILDS[2:]:
+    for build in (b for b in ROUTED_BUILDS if b in rank0):
         entry = rank0[build]
         handed = sum(entry["torch_only"].values())
         lines.append(
@@ -191,8 +196,9 @@ def format_report(result: dict) -> str:
             f"{entry['routed_calls']} calls reached redist_opt on rank 0, {handed} handed back to torch"
             + "".join(f"; {n}x {reason}" for reason, n in entry["torch_only"].items())
         )
+    lines += _placement_lines(result)
     lines += _comparison_lines(result)
-    for build in BUILDS[1:]:
+    for build in (b for b in PASS_BUILDS if b in rank0):
         rewritten = Counter(line for g in rank0[build]["graphs"] for line in g["pass"]["rewritten"])
         if rewritten:
             lines.append(f"- chains rewritten by the pass ({BUILD_TITLES[build]}):")
@@ -204,18 +210,31 @@ def format_report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _placement_lines(result: dict) -> list[str]:
+    """The parameters the ILP placed differently when priced by redist_opt."""
+    rank0 = result["ranks"][0]
+    theirs, ours = rank0.get("placements"), rank0["builds"].get("priced", {}).get("placements")
+    if theirs is None or ours is None:
+        return []
+    changed = [f"{name} {theirs[name]} -> {ours[name]}" for name in theirs if ours.get(name) != theirs[name]]
+    return ["- ILP priced by redist_opt: " + ("; ".join(changed) if changed else "every parameter placed as shipped")]
+
+
 def _comparison_lines(result: dict) -> list[str]:
     ranks = result["ranks"]
     if "compare" not in ranks[0]["builds"]["pass"]:
         return ["- values: not compared (fake collectives carry no data)"]
     lines = []
-    for build in BUILDS[1:]:
+    for build in (b for b in BUILDS[1:] if b in ranks[0]["builds"]):
         cmp = [r["builds"][build]["compare"] for r in ranks]
         bitwise = all(c["bitwise"] for c in cmp)
         worst = max(c["max_abs_diff"] for c in cmp)
+        rel = max(c.get("max_rel_diff", float("nan")) for c in cmp)
         lines.append(
-            f"- values ({BUILD_TITLES[build]} vs as shipped, output, inference output and every gradient, "
-            f"{len(ranks)} ranks): " + ("bitwise equal" if bitwise else f"max abs diff {worst:.3g}")
+            f"- values ({BUILD_TITLES[build]} vs {BUILD_TITLES[REFERENCE[build]]}, output, inference output and "
+            "every gradient, "
+            f"{len(ranks)} ranks): " + ("bitwise equal" if bitwise else
+                                        f"max abs diff {worst:.3g}, {rel:.3g} of the largest magnitude")
         )
     return lines
 
