@@ -262,9 +262,9 @@ def _agree(chains: list[Chain], all_gather) -> dict[int, tuple[int, str]]:
     while todo:
         got = agree_slice_dims([chains[i] for i in todo], all_gather)
         failed.update({todo[j]: f for j, f in got.items()})
-        rest = [after(chains[todo[j]], pos) for j, (pos, _) in sorted(got.items())]
-        todo = [len(chains) + k for k in range(len([c for c in rest if c is not None]))]
-        chains.extend(c for c in rest if c is not None)
+        rest = [c for j, (pos, _) in sorted(got.items()) if (c := after(chains[todo[j]], pos)) is not None]
+        todo = list(range(len(chains), len(chains) + len(rest)))
+        chains.extend(rest)
     return failed
 
 
