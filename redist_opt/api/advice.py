@@ -51,7 +51,6 @@ __all__ = [
     "greedy",
     "EXACT_LIMIT",
     "mesh_spec_of_record",
-    "torch_spec_of_record",
     "mesh_record_of_spec",
     "layout_of",
 ]
@@ -90,13 +89,6 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
         backend=mesh.get("backend"),
         ranks_ascending=bool(mesh.get("ranks_ascending", True)),
     )
-
-
-def torch_spec_of_record(mesh: dict) -> MeshSpec:
-    """The MeshSpec torch's merge pass sees: only the root's flattened meshes exist."""
-    spec = mesh_spec_of_record(mesh)
-    torch_layouts = _torch_layouts_of_record(mesh)
-    return spec if torch_layouts is None else dataclasses.replace(spec, flattened=torch_layouts)
 
 
 def _layout_json(layout) -> list:
@@ -203,21 +195,12 @@ class _Planner:
         self.meshes = meshes
         self.entries = entries
         self.specs = [mesh_spec_of_record(m) for m in meshes]
-        self.torch_specs = [torch_spec_of_record(m) for m in meshes]
         self.models = [(cost, cost_source) if cost is not None else resolve(s) for s in self.specs]
         self._cache: dict = {}
 
     def spec(self, mesh: int, chosen: Iterable[Candidate]) -> MeshSpec:
         extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[mesh])}, key=str)
         return self.specs[mesh].with_flattened(extra) if extra else self.specs[mesh]
-
-    def torch_plan(self, i: int, chosen: Iterable[Candidate] = ()):
-        """torch 2.13's shipped plan of entry ``i`` (its merge pass on, the groups it
-        finds, ``chosen`` created with ``_flatten``), or None (not plannable)."""
-        e = self.entries[i]
-        extra = sorted({c.layout for c in chosen if c.root == _root_key(self.meshes[e["mesh"]])}, key=str)
-        naive = self._naive(e, self.torch_specs[e["mesh"]].with_flattened(extra))
-        return None if naive is None else torch_merged_plan(naive)
 
     def plans(self, i: int, chosen: Iterable[Candidate]):
         """(naive, optimized) plan of entry ``i`` with ``chosen`` created, or None (not plannable)."""
@@ -228,19 +211,14 @@ class _Planner:
             self._cache[key] = self._plan(e, spec)
         return self._cache[key]
 
-    @staticmethod
-    def _naive(e, spec):
+    def _plan(self, e, spec):
         if e.get("torch_only") or not all(isinstance(s, int) for s in e["shape"]):
             return None
         try:
             naive = make_plan(spec, e["src"], e["dst"], tuple(e["shape"]), getattr(torch, e["dtype"]))
         except RedistributeError:
             return None
-        return None if naive.fallback else naive
-
-    def _plan(self, e, spec):
-        naive = self._naive(e, spec)
-        if naive is None:
+        if naive.fallback:
             return None
         model = self.models[e["mesh"]][0]
         return naive, optimize(naive, groups="existing", cost=model)
@@ -374,8 +352,8 @@ def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
         if before is None:
             continue
         model = planner.models[e["mesh"]][0]
-        shipped = [planner.torch_plan(i, groups) for groups in ((), chosen)]
-        shipped = [before[0] if plan is None else plan for plan in shipped]
+        # torch's shipped plan: its merge pass over the groups it finds (MeshSpec.torch_flattened)
+        shipped = [torch_merged_plan(before[0]), torch_merged_plan(after[0])]
         pairs = (("torch", shipped[0]), ("existing", before[1]), ("advised", after[1]), ("torch_advised", shipped[1]))
         for key, plan in pairs:
             rows[key].add(plan, model, e["count"])

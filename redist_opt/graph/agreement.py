@@ -61,7 +61,7 @@ import torch.distributed as dist
 from redist_opt.graph.chain import Chain, ChainOp
 from redist_opt.runtime.torch_dtensor import default_store
 
-__all__ = ["AGREEMENT_TIMEOUT_S", "Agreement", "agree_slice_dims", "agreement_scope", "slice_candidates", "store_exchange"]
+__all__ = ["AGREEMENT_TIMEOUT_S", "Agreement", "agree_slice_dims", "store_exchange"]
 
 # How long a rank waits for the others of its round before leaving the chain as it was.
 AGREEMENT_TIMEOUT_S = 5.0

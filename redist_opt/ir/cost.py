@@ -22,6 +22,7 @@ Interface used by the passes (keep it stable):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import json
@@ -269,16 +270,24 @@ class CostModel:
 
         if (kind, p, link) in index:
             return at(p)
-        sizes = sorted(q for k, q, ln in index if k == kind and ln == link)
+        sizes = self._fitted_sizes.get((kind, link))
         if not sizes:
             return None
         if len(sizes) == 1:
             return at(sizes[0])
-        below = [q for q in sizes if q < p]
-        lo, hi = (below[-1], next(q for q in sizes if q > p)) if below and p < sizes[-1] else (
-            (sizes[0], sizes[1]) if not below else (sizes[-2], sizes[-1]))
+        # the two measured sizes around p, or the two nearest when p is past either end
+        k = min(max(bisect.bisect_left(sizes, p), 1), len(sizes) - 1)
+        lo, hi = sizes[k - 1], sizes[k]
         t_lo, t_hi = at(lo), at(hi)
         return max(0.0, t_lo + (t_hi - t_lo) * (p - lo) / (hi - lo))
+
+    @functools.cached_property
+    def _fitted_sizes(self) -> dict:
+        """(kind, link) -> the measured group sizes, ascending."""
+        sizes: dict = {}
+        for k, p, link in self._fitted_index:
+            sizes.setdefault((k, link), []).append(p)
+        return {key: sorted(ps) for key, ps in sizes.items()}
 
     @functools.cached_property
     def _fitted_index(self) -> dict:

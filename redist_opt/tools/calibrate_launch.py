@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
+import sympy
 import torch
 import torch.distributed as dist
 
@@ -73,12 +74,7 @@ def default_mesh(world: int) -> tuple[int, ...]:
     16 -> 2x2x4, 6 -> 2x3). Its dims and their flattened sets are groups of several
     sizes up to the world, so a plan's group sizes are measured or lie between measured
     ones; a 1-D world would measure one size only, and price a group of 2 like the world."""
-    factors, n, f = [], world, 2
-    while n > 1:
-        while n % f == 0:
-            factors.append(f)
-            n //= f
-        f += 1
+    factors = [p for p, k in sorted(sympy.factorint(world).items()) for _ in range(k)]
     if len(factors) > 3:
         factors = factors[:2] + [math.prod(factors[2:])]
     return tuple(factors) or (world,)
