@@ -22,7 +22,7 @@ from redist_opt.ir import cost
 from redist_opt.debug import dump
 from redist_opt.ir.cost import PROFILE_ENV, CostModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
 
 # A profile under which merging three pair all_reduces into one ring over 8 ranks
 # does not pay (latency-bound ring), so it visibly changes the plan.

@@ -26,9 +26,8 @@ import pytest
 from support.harness import Case, check_case, oracle_only
 
 import redist_opt
+from support.paths import ROOT
 from support.sampling import sampled
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BIG = dict(sizes=(8, 16, 32, 32), names=("a", "b", "c", "d"))
 MAIN_SRC, MAIN_DST = ["P", "P", "S(0)", "R"], ["R", "S(0)", "R", "R"]

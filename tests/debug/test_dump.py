@@ -6,7 +6,7 @@ recalibrated cost model does not churn them) with an inline expecttest golden.
 A change in what a plan does shows up here in review. Regenerate after an
 intended change with::
 
-    EXPECTTEST_ACCEPT=1 python -m pytest tests/test_dump.py
+    EXPECTTEST_ACCEPT=1 python -m pytest tests/debug/test_dump.py
 
 A new fixture case needs a ``test_golden_<id>`` method (``test_every_case_has_a_golden``
 says which are missing); write it with an empty string and accept.

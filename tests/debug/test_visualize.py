@@ -139,7 +139,7 @@ def test_dot_renders_with_graphviz_when_present():
 def test_committed_docs_images_are_svg():
     from pathlib import Path
 
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     images = sorted(docs.glob("*.svg"))
     assert images, "docs/ should hold the example images the README links"
     for path in images:

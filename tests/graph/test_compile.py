@@ -187,6 +187,7 @@ def test_backend_rejects_unknown_inner_compiler():
         redist_opt.backend("tvm")
 
 
+@pytest.mark.slow  # about 20 s: Inductor's C++ compile
 def test_inductor_inner_and_default_backend_inside_enabled(tmp_path, monkeypatch):
     # The routing must never turn a working compile into a failing one: Inductor
     # as inner compiler (graphs dumped before Inductor lowers them), and

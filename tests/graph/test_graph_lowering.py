@@ -36,8 +36,10 @@ from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import OPS, STEP_VARIANTS
 from redist_opt.tools.spawn import run_ranks
 from support import lowering_programs as LP
+from support.paths import SUPPORT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.xdist_group("graph_lowering")  # the mesh22 and fake_2x4 fixtures
+
 CASE_IDS = [c[0] for c in LP.CASES]
 
 
@@ -121,7 +123,7 @@ def test_compiled_unpack_blocks_equal_uncompiled_on_gloo():
 
 @pytest.fixture(scope="module")
 def fake_2x4():
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "support", "lowering_programs.py"), "fake", "5"],
+    proc = subprocess.run([sys.executable, os.path.join(SUPPORT, "lowering_programs.py"), "fake", "5"],
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0 and "JSON" in out, proc.stderr[-4000:]

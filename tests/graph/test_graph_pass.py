@@ -25,12 +25,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from support.paths import SUPPORT
+
+pytestmark = pytest.mark.xdist_group("graph_pass")  # the report fixture compiles every program in a subprocess
 
 
 def _run_script(mode: str, rank: int) -> dict:
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "support", "graph_pass_programs.py"), mode, str(rank)],
+        [sys.executable, os.path.join(SUPPORT, "graph_pass_programs.py"), mode, str(rank)],
         capture_output=True, text=True, timeout=900,
     )
     out = proc.stdout
@@ -218,6 +220,7 @@ def test_custom_graph_pass_uuid_and_call(mesh3):
 
 
 @pytest.mark.skipif(os.environ.get("REDIST_OPT_SKIP_INDUCTOR") == "1", reason="slow: C++ compile")
+@pytest.mark.slow  # Inductor's C++ compile, in a subprocess
 def test_inductor_post_grad_custom_post_pass():
     r = _run_script("inductor", 5)
     assert r["modified"] == [True], r["explain"]

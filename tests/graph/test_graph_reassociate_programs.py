@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "support", "graph_reassociate_programs.py")
+from support.paths import SUPPORT
+
+SCRIPT = os.path.join(SUPPORT, "graph_reassociate_programs.py")
 
 
 def _report(proc) -> dict:

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from support.paths import SUPPORT
 
 
-SCRIPT = os.path.join(HERE, "support", "graph_views_programs.py")
+SCRIPT = os.path.join(SUPPORT, "graph_views_programs.py")
 
 
 def _parse(returncode, out, err) -> dict:

@@ -21,7 +21,7 @@ from redist_opt.ir.text import format_graph, format_ir
 from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.pipeline import run_pipeline
 
-CASES = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "cases.json").read_text())["cases"]
+CASES = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "cases.json").read_text())["cases"]
 
 
 def _spec(case) -> redist_opt.MeshSpec:
@@ -164,7 +164,7 @@ def test_printer_output_is_canonical():
 def _pass_test_texts() -> list[tuple[str, str]]:
     """Every IR text literal (inputs and expected outputs) of the pass test files."""
     out = []
-    for path in sorted(Path(__file__).resolve().parent.glob("test_pass_*.py")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "passes").glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 for i, text in enumerate(node.value.split("\n\n")):  # joined outputs
@@ -174,6 +174,10 @@ def _pass_test_texts() -> list[tuple[str, str]]:
 
 
 PASS_TEST_TEXTS = _pass_test_texts()
+
+
+def test_pass_test_texts_are_found():
+    assert len({name.split(":")[0] for name, _ in PASS_TEST_TEXTS}) >= 9, PASS_TEST_TEXTS  # one file per pass
 
 
 @pytest.mark.parametrize("text", [t for _, t in PASS_TEST_TEXTS], ids=[i for i, _ in PASS_TEST_TEXTS])

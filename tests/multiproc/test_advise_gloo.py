@@ -20,7 +20,9 @@ import pytest
 from redist_opt.ir.cost import CostModel
 from redist_opt.tools.cli import main as cli_main
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "advise_gloo.py"
+pytestmark = pytest.mark.xdist_group("advise_gloo")  # the gloo_run fixture: 8 gloo ranks
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "advise_gloo.py"
 
 
 def _example():

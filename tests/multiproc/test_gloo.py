@@ -60,6 +60,7 @@ def test_gloo_2x2_matches_torch():
 
 
 @pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
+@pytest.mark.slow  # about 110 s: torch.compile on 4 gloo ranks
 def test_gloo_compiled_tp_mlp_matches_eager():
     from support import gloo_compile_worker
 

@@ -53,7 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import redist_opt
 import redist_opt.api.errors
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
+
 F64 = torch.float64
 
 

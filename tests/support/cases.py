@@ -1,4 +1,4 @@
-"""Deterministic generation of the differential cases (see tests/test_differential.py).
+"""Deterministic generation of the differential cases (see tests/runtime/test_differential.py).
 
 Exhaustive where cheap (every src/dst pair on 1-D and 2-D meshes), stratified
 elsewhere. Everything is derived from fixed seeds, so the case list and the ids

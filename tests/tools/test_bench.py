@@ -19,7 +19,9 @@ from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.cli import main
 from redist_opt.ir.cost import KINDS, CostModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
+
+pytestmark = pytest.mark.xdist_group("bench")  # the profile fixture calibrates on 4 gloo ranks
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -39,6 +41,7 @@ def profile(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.slow  # calibrates on 4 gloo ranks
 def test_calibrate_end_to_end(profile):
     proc, out = profile
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -60,6 +63,7 @@ def test_calibrate_end_to_end(profile):
     assert len(cal["group_creation_s"]) == 3
 
 
+@pytest.mark.slow  # benchmarks on 4 gloo ranks
 def test_bench_end_to_end(profile, tmp_path):
     proc, prof = profile
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -150,6 +154,7 @@ def test_run_ranks_reports_child_traceback():
     assert time.monotonic() - start < 100
 
 
+@pytest.mark.slow  # waits for a 10 s timeout
 def test_run_ranks_times_out():
     start = time.monotonic()
     with pytest.raises(SpawnError, match=r"ranks \[0, 1\] of 2 did not report within 10s"):

@@ -22,7 +22,7 @@ from redist_opt.tools.calibrate_launch import Launch, default_mesh, launched
 from redist_opt.tools.cli import main
 from redist_opt.tools.spawn import free_port
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
 
 
 # -- the launcher's environment -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from redist_opt.ir.cost import CostModel
 
 from support.explain_cases import case_argv, case_plans, load_cases
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ACCEPTANCE = ["explain", "--mesh", "a=2,b=2,c=2", "--flatten", "a+c", "--src", "P,P,P", "--dst", "R,S(0),R",
               "--shape", "8,4"]
 

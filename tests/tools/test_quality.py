@@ -25,6 +25,8 @@ import redist_opt
 from redist_opt.tools import quality
 from redist_opt.ir.cost import CostModel
 
+pytestmark = pytest.mark.xdist_group("quality")  # the result fixture runs the corpus
+
 BY_ID = {c.id: c for c in quality.load_corpus()}
 SMALL = ["hsdp_grad", "gradnorm_3d", "ep_dispatch_borrow_cp"]
 
