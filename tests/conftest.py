@@ -102,9 +102,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def fake_process_group():
-    from support import harness
+    from support import meshes
 
-    harness.ensure_fake_pg()
+    meshes.ensure_fake_pg()
     yield
 
 

@@ -13,7 +13,8 @@ import re
 
 import pytest
 import torch
-from support.harness import MESHES, build_input, get_mesh, parse_placement
+from support.inputs import build_input, parse_placement
+from support.meshes import MESHES, get_mesh
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta

@@ -25,7 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 from support.cases import all_cases
-from support.harness import MESHES, get_mesh, mesh_coordinates, normalize, parse_placement, pstr
+from support.inputs import normalize, parse_placement, pstr
+from support.meshes import MESHES, get_mesh, mesh_coordinates
 from torch.distributed._local_tensor import LocalTensorMode, _int_on_rank
 
 from redist_opt.ir import symbolic as sym
@@ -126,7 +127,7 @@ def test_strided_steps_match_torchs_graph_based_planner(sizes, src, dst, length)
     import itertools
     import math
 
-    from support.harness import ensure_fake_pg
+    from support.meshes import ensure_fake_pg
     from torch.distributed.device_mesh import init_device_mesh
 
     from redist_opt.ir.placements import parse_placements

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import torch
-from support.harness import ensure_fake_pg
+from support.meshes import ensure_fake_pg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed._local_tensor import LocalTensorMode

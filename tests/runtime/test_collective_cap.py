@@ -19,7 +19,7 @@ import math
 
 import pytest
 import torch
-from support.harness import parse_placement
+from support.inputs import parse_placement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.exact_runs import int_input, run_torch_merged

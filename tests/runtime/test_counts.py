@@ -26,7 +26,9 @@ from collections import Counter
 
 import pytest
 import torch
-from support.harness import MESHES, Case, check_case, collective_kind, get_mesh, run_case
+from support.harness import Case, check_case, run_case
+from support.meshes import MESHES, get_mesh
+from support.runs import collective_kind
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard

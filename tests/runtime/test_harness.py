@@ -12,17 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.harness import (
-    MESHES,
-    Case,
-    _rand,
-    build_input,
-    check_case,
-    get_mesh,
-    local_tensors,
-    oracle_only,
-    parse_placement,
-)
+from support.harness import Case, check_case, oracle_only
+from support.inputs import build_input, local_tensors, parse_placement, random_tensor
+from support.meshes import MESHES, get_mesh
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._redistribute import (
@@ -95,7 +87,7 @@ def test_input_slicing_matches_distribute_tensor(mesh_name, placements, shape):
         mesh = get_mesh(f, lm)
         inp = build_input(mesh, lm, pl, shape, torch.float32, 11)
         with lm.disable():
-            g = _rand(shape, torch.float32, 11)
+            g = random_tensor(shape, torch.float32, 11)
         g_all = lm.rank_map(lambda r: g.clone())
         want = local_tensors(distribute_tensor(g_all, mesh, pl, src_data_rank=None))
     got = local_tensors(inp.dt)

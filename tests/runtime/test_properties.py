@@ -41,11 +41,12 @@ import os
 import time
 import warnings
 
-from support import harness
+from support import meshes
 import pytest
 import torch
 import torch.distributed as dist
-from support.harness import is_rejection, pstr
+from support.harness import is_rejection
+from support.inputs import pstr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
@@ -84,8 +85,8 @@ settings.load_profile(_profile if _profile in ("ci", "explore") else "ci")
 N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", "1000"))
 N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", "5000"))
 # LocalTensorMode needs a fake world at least as large as the mesh; the session
-# fixture (conftest.py) initialises it with harness.WORLD_SIZE ranks.
-MAX_EXEC_RANKS = min(24, harness.WORLD_SIZE)
+# fixture (conftest.py) initialises it with meshes.WORLD_SIZE ranks.
+MAX_EXEC_RANKS = min(24, meshes.WORLD_SIZE)
 MAX_PLAN_RANKS = 5**4
 # "sum|avg": every Partial draws sum or avg (torch accepts that mix).
 OPS = ("sum", "avg", "max", "min", "sum|avg")

@@ -43,7 +43,7 @@ from support.exact_runs import (
     run_three,
     run_torch_merged,
 )
-from support.harness import local_tensors
+from support.inputs import local_tensors
 from support.torch_merge_model import signature, torch_flattened_layouts, torch_model
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Partial, Replicate, Shard

@@ -31,17 +31,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.placement_types import Placement, Shard
 
 import redist_opt
-from support.harness import (
-    Input,
-    collective_kind,
-    global_reference,
-    local_slice,
-    local_tensors,
-    normalize,
-    parse_placement,
-    pstr,
-    rank_coordinates,
-)
+from support.inputs import Input, local_slice, local_tensors, normalize, parse_placement, pstr
+from support.meshes import rank_coordinates
+from support.reference import global_reference
+from support.runs import collective_kind
 from support.torch_merge_model import signature, torch_flattened_layouts, torch_model
 
 F64 = torch.float64

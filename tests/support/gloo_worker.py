@@ -16,7 +16,8 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from support.harness import collective_kind, parse_placement, pstr
+from support.inputs import parse_placement, pstr
+from support.runs import collective_kind
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 
-from support import harness
+from support import harness, meshes
+from support.inputs import pstr
 import pytest
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -123,7 +124,7 @@ SAMPLE = [
 ]
 
 
-def _factory(case) -> harness.MeshFactory:
+def _factory(case) -> meshes.MeshFactory:
     spec = case.spec()
 
     def build():
@@ -132,7 +133,7 @@ def _factory(case) -> harness.MeshFactory:
             mesh[tuple(spec.names[d] for d in spec.dims_of(g))]._flatten()
         return mesh
 
-    return harness.MeshFactory(f"corpus:{case.id}", spec.num_ranks, build)
+    return meshes.MeshFactory(f"corpus:{case.id}", spec.num_ranks, build)
 
 
 @pytest.mark.parametrize("case_id", SAMPLE)
@@ -143,10 +144,10 @@ def test_sample_differential(case_id):
         redist_opt.plan(case.spec(), src, dst, shape=case.shape)
     except redist_opt.RedistributeError as e:  # mixed P(avg)/P(sum): being added on another branch
         pytest.xfail(f"redist_opt refuses {case.id} today: {e}")
-    assert case.num_ranks <= harness.WORLD_SIZE
+    assert case.num_ranks <= meshes.WORLD_SIZE
     sim, _ = case.sim_shape()
-    # harness.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
+    # inputs.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
     # a 1-element vector (the same collectives).
     sim = sim or (1,)
-    harness.check_case(_factory(case), [harness.pstr(p) for p in src], [harness.pstr(p) for p in dst],
+    harness.check_case(_factory(case), [pstr(p) for p in src], [pstr(p) for p in dst],
                        sim, case.torch_dtype())

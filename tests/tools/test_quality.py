@@ -15,7 +15,8 @@ import dataclasses
 import math
 from collections import Counter
 
-from support import harness
+from support.inputs import build_input
+from support.runs import collective_kind
 import pytest
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
@@ -41,16 +42,16 @@ def _independent_torch_counts(case) -> Counter:
     spec = case.spec()
     src, dst = case.placements()
     sim, _ = case.sim_shape()
-    sim = sim or (1,)  # harness.build_input needs a dim; a 1-element vector issues the same collectives
+    sim = sim or (1,)  # build_input needs a dim; a 1-element vector issues the same collectives
     with LocalTensorMode(spec.num_ranks) as lm:
         with lm.disable():
             mesh = init_device_mesh("cpu", spec.sizes, mesh_dim_names=spec.names)
             for g in case.flatten:
                 mesh[tuple(spec.names[d] for d in spec.dims_of(g))]._flatten()
-        inp = harness.build_input(mesh, lm, list(src), sim, case.torch_dtype(), seed=7)
+        inp = build_input(mesh, lm, list(src), sim, case.torch_dtype(), seed=7)
         with CommDebugMode() as cdm:
             inp.dt.redistribute(mesh, list(dst))
-    return Counter({harness.collective_kind(k): v for k, v in cdm.get_comm_counts().items() if v})
+    return Counter({collective_kind(k): v for k, v in cdm.get_comm_counts().items() if v})
 
 
 @pytest.mark.parametrize("case_id", SMALL)
