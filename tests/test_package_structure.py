@@ -4,20 +4,41 @@ Layers and cycles are import-linter's job (``lint-imports``, contracts in
 pyproject.toml); these are the rules it cannot express: module and function
 sizes, imports of our own modules inside functions, and which modules read
 torch's private DTensor / DeviceMesh / c10d internals.
+
+The walk follows symlinks: ``redist_opt/passes`` is a symlink to the top-level
+``passes/`` folder, which ``Path.rglob`` (and ``grep -r``) do not enter.
+Each rule is a function of the modules it reads, so the tests at the end can
+check that a pass file breaking a rule fails it.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import re
 
 import pytest
 
 import redist_opt
+import redist_opt.passes
+
+
+
+def package_modules(root: pathlib.Path) -> list[pathlib.Path]:
+    """Every ``.py`` file under ``root``, symlinked folders included (paths stay
+    under ``root``: ``redist_opt/passes/...``, not ``passes/...``)."""
+    return sorted(
+        pathlib.Path(folder, name)
+        for folder, dirs, names in os.walk(root, followlinks=True)
+        if "__pycache__" not in pathlib.Path(folder).parts
+        for name in names
+        if name.endswith(".py")
+    )
+
 
 PACKAGE = pathlib.Path(redist_opt.__file__).resolve().parent
-MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+MODULES = package_modules(PACKAGE)
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
@@ -32,8 +53,8 @@ TORCH_INTERNALS = re.compile(
 INTERNALS_MODULES = {"ir/layout.py", "runtime/torch_dtensor.py"}
 
 
-def _rel(path: pathlib.Path) -> str:
-    return path.relative_to(PACKAGE).as_posix()
+def _rel(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> str:
+    return path.relative_to(root).as_posix()
 
 
 def _functions(tree):
@@ -42,49 +63,105 @@ def _functions(tree):
             yield node
 
 
-def test_the_package_has_modules_to_check():
-    assert len(MODULES) > 40, MODULES  # the rules below would pass vacuously otherwise
-
-
-@pytest.mark.parametrize("path", MODULES, ids=_rel)
-def test_module_size(path):
+def oversized(path: pathlib.Path, limit: int = MAX_MODULE_LINES) -> int | None:
+    """The module's line count if it is over ``limit``."""
     n = len(path.read_text().splitlines())
-    assert n <= MAX_MODULE_LINES, f"{_rel(path)} has {n} lines (at most {MAX_MODULE_LINES}): split it by job"
+    return n if n > limit else None
 
 
-@pytest.mark.parametrize("path", MODULES, ids=_rel)
-def test_function_size(path):
-    tree = ast.parse(path.read_text())
-    long = [
+def long_functions(path: pathlib.Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    return [
         f"{f.name} ({f.end_lineno - f.lineno + 1} lines, line {f.lineno})"
-        for f in _functions(tree)
-        if f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES
+        for f in _functions(ast.parse(path.read_text()))
+        if f.end_lineno - f.lineno + 1 > limit
     ]
-    assert not long, f"{_rel(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
-def _own_imports_in_functions(path):
+def own_imports_in_functions(path: pathlib.Path, root: pathlib.Path = PACKAGE):
     tree = ast.parse(path.read_text())
     for f in _functions(tree):
         for node in ast.walk(f):
             if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("redist_opt")):
-                yield f"{_rel(path)}:{node.lineno} ({f.name})"
+                yield f"{_rel(path, root)}:{node.lineno} ({f.name})"
             elif isinstance(node, ast.Import) and any(a.name.startswith("redist_opt") for a in node.names):
-                yield f"{_rel(path)}:{node.lineno} ({f.name})"
+                yield f"{_rel(path, root)}:{node.lineno} ({f.name})"
 
 
-def test_few_function_level_imports_of_our_own_modules():
-    found = sorted({imp for path in MODULES for imp in _own_imports_in_functions(path)})
-    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
-
-
-def test_torch_internals_are_read_in_two_modules_only():
+def torch_internal_readers(paths, root: pathlib.Path = PACKAGE) -> dict[str, list[str]]:
+    """{module: the torch internals it reads}, outside ``INTERNALS_MODULES``."""
     readers = {}
-    for path in MODULES:
+    for path in paths:
         code = "\n".join(
             line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")
         )
         hits = sorted(set(TORCH_INTERNALS.findall(code)))
-        if hits:
-            readers[_rel(path)] = hits
-    assert set(readers) <= INTERNALS_MODULES, {k: v for k, v in readers.items() if k not in INTERNALS_MODULES}
+        if hits and _rel(path, root) not in INTERNALS_MODULES:
+            readers[_rel(path, root)] = hits
+    return readers
+
+
+def test_the_package_has_modules_to_check():
+    assert len(MODULES) > 40, MODULES  # the rules below would pass vacuously otherwise
+
+
+def test_every_pass_file_is_checked():
+    passes = pathlib.Path(redist_opt.passes.__file__).resolve().parent  # the top-level passes/ folder
+    files = {p.name for p in passes.glob("*.py")}
+    assert len(files) >= 13, files
+    assert {p.name for p in MODULES if _rel(p).startswith("passes/")} == files
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_module_size(path):
+    n = oversized(path)
+    assert n is None, f"{_rel(path)} has {n} lines (at most {MAX_MODULE_LINES}): split it by job"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_function_size(path):
+    long = long_functions(path)
+    assert not long, f"{_rel(path)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_few_function_level_imports_of_our_own_modules():
+    found = sorted({imp for path in MODULES for imp in own_imports_in_functions(path)})
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
+
+
+def test_torch_internals_are_read_in_two_modules_only():
+    readers = torch_internal_readers(MODULES)
+    assert not readers, readers
+
+
+# -- the rules see a pass file that breaks them, through the symlink ----------------------------
+
+
+@pytest.fixture
+def package_with_a_bad_pass(tmp_path):
+    """A package laid out like ours (``pkg/passes`` a symlink to a top-level
+    ``passes/``) whose one pass file breaks every rule above."""
+    (tmp_path / "passes").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "passes" / "bad_pass.py").write_text(
+        "from torch.distributed.tensor._dtensor_spec import DTensorSpec\n\n\n"
+        + "def run():\n    from redist_opt.ir import steps\n" + body + "\n"
+        + "# filler\n" * MAX_MODULE_LINES
+    )
+    pkg = tmp_path / "pkg"
+    (pkg / "ir").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ir" / "plan.py").write_text("X = 1\n")
+    (pkg / "passes").symlink_to("../passes", target_is_directory=True)
+    return pkg
+
+
+def test_a_pass_file_breaking_the_rules_is_found(package_with_a_bad_pass):
+    pkg = package_with_a_bad_pass
+    assert sorted(pkg.rglob("*.py")) == [pkg / "__init__.py", pkg / "ir" / "plan.py"]  # rglob misses passes/
+    modules = package_modules(pkg)
+    bad = pkg / "passes" / "bad_pass.py"
+    assert bad in modules
+    assert oversized(bad) == MAX_MODULE_LINES + MAX_FUNCTION_LINES + 5
+    assert long_functions(bad) == [f"run ({MAX_FUNCTION_LINES + 2} lines, line 4)"]
+    assert list(own_imports_in_functions(bad, pkg)) == ["passes/bad_pass.py:5 (run)"]
+    assert torch_internal_readers(modules, pkg) == {"passes/bad_pass.py": ["DTensorSpec"]}
