@@ -76,9 +76,6 @@ def pytest_configure(config):
 # Scheduling: long units first, by folder and marker (no test names here)
 # ----------------------------------------------------------------------------
 
-MULTIPROC = ROOT / "tests" / "multiproc"
-
-
 def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
@@ -89,7 +86,7 @@ def _long_first(item) -> tuple[bool, bool, bool]:
     modules kept on one worker by ``xdist_group`` (they share an expensive
     module fixture), then everything else, each in collection order."""
     return (
-        MULTIPROC not in item.path.parents,
+        item.path.parent.name != "multiproc",
         item.get_closest_marker("slow") is None,
         item.get_closest_marker("xdist_group") is None,
     )

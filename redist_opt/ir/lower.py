@@ -4,7 +4,7 @@ The step list is DTensor's greedy planner (``generate_greedy_transform_infos``
 in torch/distributed/tensor/_redistribute.py) replayed on a rank-free
 ``MeshSpec``: same step order, same "logical shape" per step (computed from the
 *source* placements, as torch does), but with sizes as expressions in the mesh
-coordinates instead of the calling rank's numbers. ``tests/test_lower.py``
+coordinates instead of the calling rank's numbers. ``tests/ir/test_lower.py``
 checks the step list against torch's own planner. Each step then expands into
 exactly the collectives and local pad/unpad ops ``redistribute_local_tensor``
 issues for it, so the unoptimized plan is bit-for-bit DTensor.

@@ -29,7 +29,7 @@ The model counts the groups torch's merge pass finds, ``MeshSpec.torch_flattened
 a MeshSpec read off a live DeviceMesh lists its root's ``_flatten`` meshes there, not
 the world group nor an ``_unflatten`` view's root dims, which redist_opt's own plans
 may use but torch's merge pass does not consult. The tests check the model against
-torch's own counts (``tests/test_collective_cap.py``).
+torch's own counts (``tests/runtime/test_collective_cap.py``).
 """
 
 from __future__ import annotations

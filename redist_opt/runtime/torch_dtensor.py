@@ -406,7 +406,7 @@ def torch_redistribute_local(local_tensor, current: DTensorSpec, target: DTensor
 
 def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
     """(mesh_dim, src, dst, logical_shape) of every step torch's planner emits, for
-    cross-checking ours (tests/test_lower.py). The logical shape is the calling
+    cross-checking ours (tests/ir/test_lower.py). The logical shape is the calling
     rank's (under LocalTensorMode: SymInts holding every simulated rank's value)."""
     meta = tensor_meta(shape, _contiguous_stride(shape), dtype)
     infos = _torch_redistribute._gen_transform_infos_non_cached(
