@@ -16,6 +16,7 @@ import pytest
 
 from support.paths import SUPPORT
 
+pytestmark = pytest.mark.xdist_group("graph_views")  # the report fixture compiles every program in a subprocess
 
 SCRIPT = os.path.join(SUPPORT, "graph_views_programs.py")
 
