@@ -4,9 +4,11 @@ and running it eagerly equals emitting it into a graph and running that graph.""
 from __future__ import annotations
 
 import itertools
+import sys
 import types
 
 import pytest
+import sympy
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -104,3 +106,23 @@ def test_eager_equals_lowered_graph_at_every_coordinate(case, with_fake_val):
         if with_fake_val:  # the graph's recorded layout is the one eager produces
             assert (tuple(val.shape), val.stride()) == (want, eager.stride()), coord
 
+
+
+def test_eager_ops_with_rank_ints_call_no_sympy():
+    """The eager entry point is for per-rank executables: ints in, no sympy on the way."""
+    sympy_dir = sympy.__file__.rsplit("/", 1)[0]
+    calls = []
+    runs = [(name, _input([sym.evaluate(sym.as_expr(s), (1, 2)) for s in shape], t, 0),
+             rank_params(params, (1, 2))) for _, name, shape, params, t in CASES]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(sympy_dir):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        for name, x, params in runs:
+            run_local_op(name, x, params)
+    finally:
+        sys.setprofile(None)
+    assert not calls, f"sympy called: {sorted(set(calls))}"
