@@ -57,16 +57,6 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
 # -- local ops --------------------------------------------------------------------
 
 
-def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
-    # torch.chunk semantics with trailing empty chunks, as Shard._custom_chunk.
-    parts = list(torch.chunk(t, n, dim=dim))
-    while len(parts) < n:
-        shape = list(t.shape)
-        shape[dim] = 0
-        parts.append(t.new_zeros(shape))
-    return parts
-
-
 def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
     """One local op on one rank's tensor, ``params`` already ints: the op table's eager entry."""
     return run_local_op(name, t, params)
@@ -90,6 +80,16 @@ def _is_symbolic(params: Sequence) -> bool:
 
 
 # -- collectives ------------------------------------------------------------------
+
+
+def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
+    # torch.chunk semantics with trailing empty chunks, as Shard._custom_chunk.
+    parts = list(torch.chunk(t, n, dim=dim))
+    while len(parts) < n:
+        shape = list(t.shape)
+        shape[dim] = 0
+        parts.append(t.new_zeros(shape))
+    return parts
 
 
 def _all_to_all_blocks(x: torch.Tensor, group, n: int, splits, cat_dim: int) -> torch.Tensor:
