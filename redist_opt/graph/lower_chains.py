@@ -5,9 +5,10 @@ functional collective torch itself would trace, over a real group name, followed
 by its ``wait_tensor``; local IR ops become aten ops with this rank's sizes and
 block indices (the IR is rank-free; the graph a rank compiles holds its own
 constants, exactly as DTensor's traced graphs do). Every op of the IR op table
-(``redist_opt.ir.ops.OPS``) has a lowering, in :mod:`redist_opt.graph.lower_ops`:
-collectives, all_to_all (one split dim or several), padding and narrowing for
-uneven shards, and ``unpack_blocks`` (the local half of a ``gather_blocks`` step).
+(``redist_opt.ir.ops.OPS``) has a lowering: collectives, all_to_all (one split dim
+or several) in :mod:`redist_opt.graph.lower_ops`; local ops (padding and narrowing
+for uneven shards, ``unpack_blocks``, the local half of a ``gather_blocks`` step)
+by emitting their one definition, :data:`redist_opt.ir.local_ops.LOCAL_OPS`.
 
 Placement (so Inductor's bucketing and overlap passes see ordinary collectives
 where the program had them): every node up to the last collective is inserted
@@ -30,9 +31,10 @@ import torch.fx as fx
 
 from redist_opt import ir
 from redist_opt.graph.chain import C10D
-from redist_opt.graph.lower_ops import COLLECTIVE_LOWERINGS, LOCAL_LOWERINGS, LOWERED_OPS, Emitter, rank_params
+from redist_opt.graph.lower_ops import COLLECTIVE_LOWERINGS, LOWERED_OPS, Emitter
 from redist_opt.graph.mesh_groups import MeshContext
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.local_ops import LOCAL_OPS, rank_params
 from redist_opt.runtime.groups import GroupUnavailable, resolve_group
 
 __all__ = ["Unlowerable", "group_name", "lower_into_graph", "lower_plan"]
@@ -144,7 +146,7 @@ def _finish(emit: Emitter, issued: fx.Node, post) -> fx.Node:
 
 def _emit_local(emit: Emitter, n: fx.Node, x: fx.Node, coord) -> fx.Node:
     shape = _shape_at(n.args[0].meta["shape"], coord)
-    return LOCAL_LOWERINGS[ir.ir_name(n)](emit, x, shape, *rank_params(n.args[1:], coord))
+    return LOCAL_OPS[ir.ir_name(n)](emit, x, shape, *rank_params(n.args[1:], coord))
 
 
 def _emit_collective(emit: Emitter, n: fx.Node, x: fx.Node, names, coord):

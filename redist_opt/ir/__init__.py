@@ -3,7 +3,8 @@
 The package namespace is the graph IR itself (``ir.StepInfo``, ``ir.verify``,
 ``ir.ir_name``; defined in ``ops``), as ``torch.fx`` is its graph. The modules
 beside it, bottom to top: ``layout`` (torch's layout algebra, wrapped),
-``placements``, ``symbolic``, ``mesh``, ``ops``, ``lower``, ``steps``, ``plan``,
+``placements``, ``symbolic``, ``mesh``, ``ops``, ``local_ops`` (what each local op
+does, run eagerly or emitted into a graph), ``lower``, ``steps``, ``plan``,
 ``cost``.
 """
 

@@ -38,6 +38,8 @@ Sizes, starts and indices are sympy expressions in the mesh coordinates
 
 The graph is held by a ``torch.fx.GraphModule`` so ``torch.fx.passes.infra``
 passes apply; it is executed by ``redist_opt.runtime.execute``, never by fx codegen.
+The ops here carry only their shape functions; what each local op does to a tensor
+is defined once in :mod:`redist_opt.ir.local_ops`.
 """
 
 from __future__ import annotations

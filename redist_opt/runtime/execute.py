@@ -5,6 +5,8 @@ it is traceable, ``CommDebugMode`` counts it, and ``LocalTensorMode`` simulates
 it). Local ops whose sizes depend on the mesh coordinate are evaluated per rank:
 on a real process group that is the calling rank; under ``LocalTensorMode`` it
 is each simulated rank in turn (``torch.distributed._local_tensor.tensor_map``).
+What a local op does is defined once, in :mod:`redist_opt.ir.local_ops` (the graph
+lowering emits the same definitions); this module only resolves its sizes per rank.
 
 Which process group runs each collective is decided by layout, in
 ``redist_opt.runtime.groups``; a group that cannot be resolved raises
@@ -13,7 +15,6 @@ Which process group runs each collective is decided by layout, in
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.local_ops import rank_params, run_local_op
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.ir.ops import ir_name
 from redist_opt.ir.placements import RedistributeError
@@ -55,13 +57,29 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
 # -- local ops --------------------------------------------------------------------
 
 
-def _pad_end(t: torch.Tensor, dim: int, amount: int) -> torch.Tensor:
-    # Same call as DTensor's pad_tensor: a negative amount crops, like torch does.
-    if amount == 0:
-        return t
-    pad = [0, 0] * (t.ndim - dim)
-    pad[-1] = amount
-    return torch.nn.functional.pad(t, pad)
+def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """One local op on one rank's tensor, ``params`` already ints: the op table's eager entry."""
+    return run_local_op(name, t, params)
+
+
+def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:
+    if isinstance(x, funcol.AsyncCollectiveTensor):
+        x = x.wait()  # local ops need the data (async_op=True leaves collectives pending)
+    if tdt.is_per_rank(x) and tdt.local_tensor_mode() is not None:
+        # Simulated ranks may hold different sizes: run the op on each rank's tensor.
+        def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
+            coord = coords if coords is None or isinstance(coords, tuple) else coords[rank]
+            return _local_op(name, t, rank_params(params, coord))
+
+        return tdt.map_per_rank(x, on_rank)
+    return _local_op(name, x, rank_params(params, coords))
+
+
+def _is_symbolic(params: Sequence) -> bool:
+    return any(isinstance(p, sym.sympy.Basic) and p.free_symbols for p in params)
+
+
+# -- collectives ------------------------------------------------------------------
 
 
 def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
@@ -72,111 +90,6 @@ def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
         shape[dim] = 0
         parts.append(t.new_zeros(shape))
     return parts
-
-
-def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
-    if name == "pad_to":
-        dim, size = params
-        return _pad_end(t, dim, size - t.size(dim))
-    if name == "pad_nested":
-        dim, counts = params
-        total = math.prod(counts)
-        if t.size(dim) % total == 0:
-            return t.contiguous()
-        full = sym.evaluate(sym.nested_max_chunk(t.size(dim), counts), ())
-        pieces = [t]
-        for n in counts:
-            pieces = [c for p in pieces for c in _chunks(p, dim, n)]
-        return torch.cat([_pad_end(c, dim, full - c.size(dim)) for c in pieces], dim)
-    if name == "unpad_nested":
-        dim, length, counts = params
-        sizes = sym.nested_chunk_sizes(length, counts)
-        slot = t.size(dim) // len(sizes)
-        if all(s == slot for s in sizes):
-            return t
-        return torch.cat([t.narrow(dim, k * slot, s) for k, s in enumerate(sizes)], dim)
-    if name == "narrow":
-        dim, start, length = params
-        if start == 0 and length == t.size(dim):
-            return t
-        return t.narrow(dim, start, length).contiguous()
-    if name == "select_chunk":
-        dim, n, index = params
-        return _chunks(t, dim, n)[index].clone()
-    if name == "divide":
-        (divisor,) = params
-        return t / divisor
-    if name == "power":  # torch's _NormPartial._pre_reduce_transform, the same call
-        (p,) = params
-        return t**p
-    if name == "root":  # its _post_reduce_transform
-        (p,) = params
-        return t ** (1.0 / p)
-    if name == "unpack_blocks":
-        dim, counts, blocks, *lengths = params
-        return _unpack_blocks(t, dim, counts, blocks, lengths)
-    raise AssertionError(f"unknown local op {name}")
-
-
-def _unpack_blocks(t: torch.Tensor, dim: int, counts, blocks, lengths) -> torch.Tensor:
-    """Reassemble an all_gather of padded blocks (the ``unpack_blocks`` IR op).
-
-    Slot k of ``dim`` (row-major over ``counts``, the gathering group's dims) holds
-    one rank's block padded to the largest; for each ``(tensor dim, positions)`` of
-    ``blocks`` the slot's coordinates at ``positions`` (outermost first) are the
-    nested chunk index of its piece along that tensor dim. Each block is narrowed
-    to its true piece sizes and the pieces are concatenated in chunk order.
-    """
-    n = math.prod(counts)
-    slot = t.size(dim) // n
-    sizes = {
-        tdim: sym.nested_chunk_sizes(int(length), [counts[p] for p in pos])
-        for (tdim, pos), length in zip(blocks, lengths)
-    }
-
-    def block(pieces: dict) -> torch.Tensor:
-        index = sym.block_slot_index(pieces, blocks, counts)
-        b = t.narrow(dim, index * slot, slot)
-        for tdim, _ in blocks:
-            size = sizes[tdim][pieces[tdim]]
-            if size != b.size(tdim):
-                b = b.narrow(tdim, 0, size)
-        return b
-
-    def build(level: int, pieces: dict) -> torch.Tensor:
-        if level == len(blocks):
-            return block(pieces)
-        tdim, _ = blocks[level]
-        parts = [build(level + 1, {**pieces, tdim: k}) for k in range(len(sizes[tdim]))]
-        return torch.cat(parts, dim=tdim)
-
-    return build(0, {}).contiguous()
-
-
-def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Tensor:
-    if isinstance(x, funcol.AsyncCollectiveTensor):
-        x = x.wait()  # local ops need the data (async_op=True leaves collectives pending)
-    symbolic = [i for i, p in enumerate(params) if isinstance(p, sym.sympy.Basic) and p.free_symbols]
-    ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
-    per_rank_tensors = tdt.is_per_rank(x) and tdt.local_tensor_mode() is not None
-    if not symbolic and not per_rank_tensors:
-        return _local_op(name, x, ints)
-
-    def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
-        vals = list(ints)
-        if symbolic:
-            c = coords if isinstance(coords, tuple) else coords[rank]
-            for i in symbolic:
-                vals[i] = sym.evaluate(params[i], c)
-        return _local_op(name, t, vals)
-
-    if not per_rank_tensors:
-        return on_rank(-1, x)
-    # Simulated ranks may hold different sizes: run the op on each rank's tensor.
-    return tdt.map_per_rank(x, on_rank)
-
-
-# -- collectives ------------------------------------------------------------------
 
 
 def _all_to_all_blocks(x: torch.Tensor, group, n: int, splits, cat_dim: int) -> torch.Tensor:
@@ -263,7 +176,7 @@ def execute(
             if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
                 x = x.wait()
         else:
-            if coords is None and any(isinstance(p, sym.sympy.Basic) and p.free_symbols for p in params):
+            if coords is None and _is_symbolic(params):
                 coords = rank_coordinates(device_mesh)
             x = _run_local(name, x, params, coords)
     return x

@@ -13,7 +13,7 @@ import redist_opt
 from redist_opt.ir import steps as S
 from redist_opt.ir.cost import CostModel
 from redist_opt.passes import MergeGathersAcrossDims, PassContext
-from redist_opt.runtime import execute as runtime
+from redist_opt.ir.local_ops import run_local_op
 
 P = MergeGathersAcrossDims
 
@@ -327,7 +327,7 @@ def test_unpack_blocks_op(order, shape):
         slots = [(ca, cb) for cb in range(3) for ca in range(2)]
         counts, blocks = (3, 2), ((0, (1,)), (1, (0,)))
     gathered = torch.cat([block(*s) for s in slots], 0)
-    out = runtime._unpack_blocks(gathered, 0, counts, blocks, list(shape))
+    out = run_local_op("unpack_blocks", gathered, (0, counts, blocks, *shape))
     assert torch.equal(out, g)
 
 

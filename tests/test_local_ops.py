@@ -1,0 +1,128 @@
+"""The local ops' one definition (``redist_opt.ir.local_ops``): every IR local op has it,
+and running it eagerly equals emitting it into a graph and running that graph."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+
+import pytest
+import sympy
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from redist_opt.graph.lower_chains import lower_plan
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.local_ops import LOCAL_OPS, rank_params, run_local_op
+from redist_opt.ir.ops import OPS, GraphBuilder
+
+MESH = (2, 3)
+COORDS = list(itertools.product(*(range(n) for n in MESH)))
+c0, c1 = sym.coord(0), sym.coord(1)
+Ch = sym.ChunkSize
+
+# (id, op, input shape (expressions in c0, c1), params, input transposed (strided))
+CASES = [
+    ("pad_to_uneven", "pad_to", (Ch(5, 2, c0), 4), (0, 3), False),
+    ("pad_to_noop", "pad_to", (4, 6), (1, 6), False),
+    ("pad_to_crops", "pad_to", (3, 4), (0, 2), False),
+    ("pad_to_strided", "pad_to", (4, Ch(7, 3, c1)), (1, 3), True),
+    ("narrow_uneven", "narrow", (3, 4), (0, 0, Ch(5, 2, c0)), False),
+    ("narrow_strided", "narrow", (3, 5), (1, 1, 2), True),
+    ("narrow_noop", "narrow", (3, 4), (0, 0, 3), False),
+    ("select_chunk_uneven", "select_chunk", (7, 5), (0, 3, c1), False),
+    ("select_chunk_dim1", "select_chunk", (5, Ch(7, 2, c0)), (1, 3, c1), False),
+    ("select_chunk_empty", "select_chunk", (4, 2), (0, 3, c1), False),
+    ("select_chunk_even", "select_chunk", (6, 4), (0, 2, c0), True),
+    ("pad_nested_uneven", "pad_nested", (7, 2), (0, (2, 3)), False),
+    ("pad_nested_even", "pad_nested", (12, 2), (0, (2, 3)), True),
+    ("pad_nested_dim1", "pad_nested", (2, Ch(11, 2, c0)), (1, (2, 2)), True),
+    ("unpad_nested_uneven", "unpad_nested", (12, 2), (0, 7, (2, 3)), False),
+    ("unpad_nested_even", "unpad_nested", (12, 2), (0, 12, (2, 3)), False),
+    ("divide_int", "divide", (3, Ch(5, 3, c1)), (4,), False),
+    ("divide_float", "divide", (3, 4), (3 ** 0.5,), True),
+    ("power", "power", (Ch(5, 2, c0), 3), (2,), False),
+    ("power_float", "power", (3, 3), (3.0,), False),
+    ("root", "root", (3, Ch(4, 3, c1)), (2,), False),
+    ("root_3", "root", (3, 3), (3.0,), True),
+    # blocks of an all_gather over counts, unpacked: uneven (sliced) and even (one permute)
+    ("unpack_uneven", "unpack_blocks", (18, 3), (0, (2, 3), ((0, (0,)), (1, (1,))), 5, 7), False),
+    ("unpack_even", "unpack_blocks", (12, 2), (0, (2, 3), ((0, (0,)), (1, (1,))), 4, 6), False),
+    ("unpack_swapped", "unpack_blocks", (18, 3), (0, (3, 2), ((0, (1,)), (1, (0,))), 5, 7), False),
+    ("unpack_dim1_even", "unpack_blocks", (2, 12), (1, (2, 2), ((0, (0,)), (1, (1,))), 4, 6), True),
+    ("unpack_dim1_uneven", "unpack_blocks", (2, 12), (1, (2, 2), ((0, (0,)), (1, (1,))), 3, 5), False),
+    ("unpack_partial_cover", "unpack_blocks", (8, 3), (0, (2, 2), ((0, (1,)),), 4), False),
+    ("unpack_nested", "unpack_blocks", (2, 12), (1, (2, 3), ((1, (0, 1)),), 7), True),
+    ("unpack_by_coord", "unpack_blocks", (6, 2), (0, (3,), ((0, (0,)),), Ch(9, 2, c0)), False),
+]
+
+
+def test_every_local_op_of_the_ir_has_one_definition():
+    local = {name for name, op in OPS.items() if not op.is_collective}
+    assert set(LOCAL_OPS) == local, f"no definition in LOCAL_OPS: {sorted(local - set(LOCAL_OPS))}"
+
+
+def test_cases_cover_every_local_op():
+    missing = set(LOCAL_OPS) - {case[1] for case in CASES}
+    assert not missing, f"add a differential case for {sorted(missing)}"
+
+
+def _input(shape, transposed: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if transposed:  # same shape, column-major strides
+        return torch.rand(tuple(reversed(shape)), generator=g).t()
+    return torch.rand(tuple(shape), generator=g)
+
+
+def _lowered(gm: fx.GraphModule, x: torch.Tensor, coord, with_fake_val: bool):
+    graph = fx.Graph()
+    placeholder = graph.placeholder("x")
+    if with_fake_val:
+        placeholder.meta["val"] = FakeTensorMode().from_tensor(x)
+    ctx = types.SimpleNamespace(coord=coord, device_mesh=None)  # local ops need no group
+    out = lower_plan(graph, gm, placeholder, ctx, "existing")
+    graph.output(out)
+    graph.lint()
+    return fx.GraphModule(torch.nn.Module(), graph)(x), out.meta.get("val")
+
+
+@pytest.mark.parametrize("with_fake_val", [True, False], ids=["fake_val", "no_val"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_eager_equals_lowered_graph_at_every_coordinate(case, with_fake_val):
+    _, name, in_shape, params, transposed = case
+    builder = GraphBuilder(in_shape)
+    builder.emit(name, *params)
+    out_shape = builder.shape
+    gm = builder.finish()
+    for seed, coord in enumerate(COORDS):
+        x = _input([sym.evaluate(sym.as_expr(s), coord) for s in in_shape], transposed, seed)
+        eager = run_local_op(name, x, rank_params(params, coord))
+        lowered, val = _lowered(gm, x, coord, with_fake_val)
+        want = tuple(sym.evaluate(s, coord) for s in out_shape)
+        assert tuple(eager.shape) == want, (coord, tuple(eager.shape), want)
+        assert lowered.dtype == eager.dtype and torch.equal(lowered, eager), (coord, lowered, eager)
+        if with_fake_val:  # the graph's recorded layout is the one eager produces
+            assert (tuple(val.shape), val.stride()) == (want, eager.stride()), coord
+
+
+
+def test_eager_ops_with_rank_ints_call_no_sympy():
+    """The eager entry point is for per-rank executables: ints in, no sympy on the way."""
+    sympy_dir = sympy.__file__.rsplit("/", 1)[0]
+    calls = []
+    runs = [(name, _input([sym.evaluate(sym.as_expr(s), (1, 2)) for s in shape], t, 0),
+             rank_params(params, (1, 2))) for _, name, shape, params, t in CASES]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(sympy_dir):
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        for name, x, params in runs:
+            run_local_op(name, x, params)
+    finally:
+        sys.setprofile(None)
+    assert not calls, f"sympy called: {sorted(set(calls))}"
