@@ -26,7 +26,14 @@ __all__ = [
     "load_profile",
     "cost_model",
     "with_devices_per_host",
+    "DEFAULT_BENCH_SIZES",
+    "DEFAULT_CALIBRATE_SIZES",
 ]
+
+# ``--sizes`` defaults. 4 bytes is a loss or grad-norm scalar: gloo's ring leaves most
+# chunks empty there, so it does not lie on the line through the larger sizes.
+DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
+DEFAULT_BENCH_SIZES = "1KiB..4MiB*8"
 
 
 class CliError(Exception):

@@ -156,7 +156,6 @@ WALL_CASES = [
     ("S(0),S(0)", "R,R"),
     ("S(0),S(1)", "S(1),S(0)"),
 ]
-DEFAULT_BENCH_SIZES = "1KiB..4MiB*8"
 VARIANTS = ("torch", "torch_nomerge", "ours")
 
 

@@ -1,7 +1,9 @@
-"""The ``redist-opt`` command: ``demo``, ``explain``, ``calibrate`` and ``bench``.
+"""The ``redist-opt`` command: ``demo``, ``explain``, ``advise``, ``calibrate`` and ``bench``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
 Values shared with the quality bench are parsed in :mod:`redist_opt.tools.args`.
+Each command imports the modules it runs when it runs (``redist-opt explain`` never
+loads the gloo spawner, the calibrator or the benches).
 """
 
 from __future__ import annotations
@@ -14,19 +16,12 @@ import os
 import sys
 
 import redist_opt
-from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools import autoparallel_check, bench, decisions, quality, step_bench
-from redist_opt.tools.advise import add_advise_command
-from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
-from redist_opt.tools.args import parse_shape, parse_size_list
-from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
-from redist_opt.tools.calibrate_launch import calibrate_launched, default_mesh, launched
-from redist_opt.tools.demo import run_demo
-from redist_opt.tools.spawn import SpawnError
-from redist_opt.tools.timing import load_warning, loadavg, torch_version
-from redist_opt.tools.units import format_size
+from redist_opt.tools import step_bench
+from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model, load_profile
+from redist_opt.tools.args import mesh_spec, parse_dtype, parse_mesh, parse_shape, parse_size_list
+from redist_opt.tools.corpus import CATEGORIES
 
 __all__ = ["main", "build_parser"]
 
@@ -72,6 +67,8 @@ def _explain_request(args):
 
 def _explain_optimize(args, naive, model):
     """The optimized plan; with ``--dump-dir``, the pipeline writes its per-pass dumps there."""
+    from redist_opt.debug import dump
+
     if args.dump_dir is not None:
         try:
             os.makedirs(args.dump_dir, exist_ok=True)
@@ -93,12 +90,14 @@ def _explain_optimize(args, naive, model):
 
 
 def _explain_write(flag: str, path: str, render) -> None:
+    from redist_opt.debug.svg import write_text
+
     try:
         text = render()
     except ValueError as e:
         raise CliError(f"{flag}: {e}") from None
     try:
-        visualize.write_text(path, text)
+        write_text(path, text)
     except OSError as e:
         raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
     print(f"redist-opt explain: wrote {path}", file=sys.stderr)
@@ -109,6 +108,8 @@ def cmd_explain(args) -> int:
 
     Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
     """
+    from redist_opt.debug import explain, visualize
+
     spec, naive = _explain_request(args)
     model, source = cost_model("--cost-model", args.cost_model, args.devices_per_host, spec)
     if args.rank_lists < 0:
@@ -136,7 +137,15 @@ def cmd_explain(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from redist_opt.tools.demo import run_demo
+
     return run_demo(timeout=args.timeout)
+
+
+def cmd_advise(args) -> int:
+    from redist_opt.tools.advise import cmd_advise as run
+
+    return run(args)
 
 
 # -- calibrate and bench ----------------------------------------------------------------
@@ -148,8 +157,12 @@ def _check_samples(args) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    if args.check:  # decision accuracy of a profile on live gloo ranks (tools/decisions.py)
-        return decisions.cmd_decisions(args)
+    from redist_opt.tools.calibrate import calibrate
+    from redist_opt.tools.calibrate_launch import calibrate_launched, default_mesh, launched
+    from redist_opt.tools.spawn import SpawnError
+    from redist_opt.tools.timing import load_warning
+    from redist_opt.tools.units import format_size
+
     launch = launched()
     mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
     sizes = parse_size_list(args.sizes)
@@ -188,6 +201,8 @@ def cmd_calibrate(args) -> int:
 
 
 def _report_calibration(args, model, record) -> int:
+    from redist_opt.tools.calibrate import format_calibration
+
     print(format_calibration(model, record))
     model.save(args.out, calibration=record)
     print(
@@ -199,6 +214,8 @@ def _report_calibration(args, model, record) -> int:
 
 def _parse_case(text: str) -> tuple[str, str]:
     """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
+    from redist_opt.tools import bench
+
     if "->" not in text:
         raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
     src, dst = (s.strip() for s in text.split("->", 1))
@@ -212,6 +229,9 @@ def _parse_case(text: str) -> tuple[str, str]:
 def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
     """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
     torch's, or None when the ranks failed (nothing to report)."""
+    from redist_opt.tools import bench
+    from redist_opt.tools.spawn import SpawnError
+
     print(
         f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
         flush=True,
@@ -232,12 +252,13 @@ def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
 def cmd_bench(args) -> int:
     if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
         return step_bench.cmd_step(args)
-    if args.part == "autoparallel":  # autoparallel's example Block (tools/autoparallel_check.py)
-        return autoparallel_check.cmd_autoparallel(args)
     if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
-        return quality.cmd_quality(args)
-    if args.part == "decisions":  # the cost model's choices against measured times (tools/decisions.py)
-        return decisions.cmd_decisions(args)
+        from redist_opt.tools.quality import cmd_quality
+
+        return cmd_quality(args)
+    from redist_opt.tools import bench
+    from redist_opt.tools.timing import load_warning, loadavg, torch_version
+
     sizes = parse_size_list(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
     _check_samples(args)
@@ -308,13 +329,6 @@ def _add_calibrate_arguments(p) -> None:
     p.add_argument("--mesh", default=None,
                    help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
                    "the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
-    p.add_argument("--check", action="store_true",
-                   help="measure instead how often --profile's choices between alternative plans are the "
-                   "measured faster ones, on 8 gloo ranks (see docs/decisions.md)")
-    p.add_argument("--profile", action="append",
-                   help="with --check: the profile(s) to judge (nccl, gloo or a JSON file; repeatable; "
-                   "default gloo)")
-    p.add_argument("--json", help="with --check: also write the results to this JSON file")
     p.add_argument(
         "--sizes", default=DEFAULT_CALIBRATE_SIZES,
         help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
@@ -328,15 +342,14 @@ def _add_calibrate_arguments(p) -> None:
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality", "step", "decisions", "autoparallel"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality", "step"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md; step: torchtitan training "
-        "steps on 8 gloo ranks, see docs/step_bench.md; autoparallel: its example Block with "
-        "compiler_fn and enabled(), see docs/autoparallel.md)",
+        "steps on 8 gloo ranks, see docs/step_bench.md)",
     )  # fmt: skip
     p.add_argument(
-        "--sizes", default=bench.DEFAULT_BENCH_SIZES,
-        help=f"global tensor sizes (list or range as for calibrate); default {bench.DEFAULT_BENCH_SIZES}",
+        "--sizes", default=DEFAULT_BENCH_SIZES,
+        help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
     )  # fmt: skip
     p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
     p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
@@ -349,10 +362,33 @@ def _add_bench_arguments(p) -> None:
     )
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
-    # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
-    quality.add_quality_arguments(p, common=False)
+    _add_quality_arguments(p)
     step_bench.add_step_arguments(p)  # --step-config, --step-mode, --steps
-    autoparallel_check.add_autoparallel_arguments(p)  # --ap-setting, --ap-groups
+
+
+def _add_quality_arguments(p) -> None:
+    """``--part quality``'s own options (``--corpus-case``: the bench's ``--case`` takes SRC->DST)."""
+    p.add_argument("--corpus", default=None, metavar="FILE",
+                   help="quality: a corpus JSON (default: the corpus shipped with redist_opt)")
+    p.add_argument("--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)")
+    p.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
+                   help="quality: only this corpus category (repeatable)")
+    p.add_argument("--devices-per-host", type=int, metavar="N",
+                   help="quality: ranks per host for the cost model (consecutive ranks share a host)")
+    p.add_argument("--report", metavar="FILE", help="quality: write the markdown report here (default stdout)")
+
+
+def _add_advise_arguments(p) -> None:
+    p.add_argument("recording", nargs="+", help="JSON file(s) written by Recording.save (one per rank: merged)")
+    p.add_argument("--max-new-groups", type=int, default=1, metavar="K", help="at most this many new groups (default 1)")
+    p.add_argument(
+        "--profile",
+        help="cost profile: a JSON file from `redist-opt calibrate` or a built-in name (nccl, gloo); "
+        "default: $REDIST_OPT_COST_PROFILE or the recorded mesh's backend's profile",
+    )
+    p.add_argument("--devices-per-host", type=int, help="ranks per host for the cost model")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--svg", metavar="FILE", help="also write a bar chart of modelled time per call site")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,7 +424,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_arguments(be)
     be.set_defaults(func=cmd_bench)
 
-    add_advise_command(sub)
+    adv = sub.add_parser(
+        "advise",
+        help="which flattened groups to create for a step recorded with redist_opt.record()",
+        description="Choose the at most K new flattened groups (DeviceMesh._flatten) that minimize a "
+        "recorded step's modelled communication time; print the lines to add, and per call site the "
+        "collectives, bytes and modelled time per step with torch, the existing groups and the advised ones.",
+    )
+    _add_advise_arguments(adv)
+    adv.set_defaults(func=cmd_advise)
     return parser
 
 
