@@ -1,26 +1,26 @@
 """The ``redist-opt`` command: ``demo``, ``explain``, ``advise``, ``calibrate`` and ``bench``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
-Values shared with the quality bench are parsed in :mod:`redist_opt.tools.args`.
-Each command imports the modules it runs when it runs (``redist-opt explain`` never
-loads the gloo spawner, the calibrator or the benches).
+Values shared by the commands are parsed in :mod:`redist_opt.tools.args`. ``explain``
+runs here; every other command runs in its own module, imported when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
-import math
 import os
 import sys
 
 import redist_opt
-from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
+from redist_opt.debug import dump, explain, visualize
+from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
 from redist_opt.tools import step_bench
-from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model, load_profile
-from redist_opt.tools.args import mesh_spec, parse_dtype, parse_mesh, parse_shape, parse_size_list
+from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model
+from redist_opt.tools.args import mesh_spec, parse_dtype, parse_shape
 from redist_opt.tools.corpus import CATEGORIES
 
 __all__ = ["main", "build_parser"]
@@ -67,8 +67,6 @@ def _explain_request(args):
 
 def _explain_optimize(args, naive, model):
     """The optimized plan; with ``--dump-dir``, the pipeline writes its per-pass dumps there."""
-    from redist_opt.debug import dump
-
     if args.dump_dir is not None:
         try:
             os.makedirs(args.dump_dir, exist_ok=True)
@@ -90,14 +88,12 @@ def _explain_optimize(args, naive, model):
 
 
 def _explain_write(flag: str, path: str, render) -> None:
-    from redist_opt.debug.svg import write_text
-
     try:
         text = render()
     except ValueError as e:
         raise CliError(f"{flag}: {e}") from None
     try:
-        write_text(path, text)
+        visualize.write_text(path, text)
     except OSError as e:
         raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
     print(f"redist-opt explain: wrote {path}", file=sys.stderr)
@@ -108,8 +104,6 @@ def cmd_explain(args) -> int:
 
     Every bad argument becomes a :class:`CliError` naming it (one line, exit 2).
     """
-    from redist_opt.debug import explain, visualize
-
     spec, naive = _explain_request(args)
     model, source = cost_model("--cost-model", args.cost_model, args.devices_per_host, spec)
     if args.rank_lists < 0:
@@ -136,153 +130,23 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from redist_opt.tools.demo import run_demo
+def _command(target: str):
+    """The function ``module:name`` that runs a command, imported when the command runs:
+    ``redist-opt explain`` never loads the gloo spawner, the calibrator or the benches."""
+    module, name = target.split(":")
 
-    return run_demo(timeout=args.timeout)
+    def run(args) -> int:
+        return getattr(importlib.import_module(module), name)(args)
 
-
-def cmd_advise(args) -> int:
-    from redist_opt.tools.advise import cmd_advise as run
-
-    return run(args)
-
-
-# -- calibrate and bench ----------------------------------------------------------------
-
-
-def _check_samples(args) -> None:
-    if args.iters < 1 or args.warmup < 0:
-        raise CliError("--iters must be >= 1 and --warmup >= 0")
-
-
-def cmd_calibrate(args) -> int:
-    from redist_opt.tools.calibrate import calibrate
-    from redist_opt.tools.calibrate_launch import calibrate_launched, default_mesh, launched
-    from redist_opt.tools.spawn import SpawnError
-    from redist_opt.tools.timing import load_warning
-    from redist_opt.tools.units import format_size
-
-    launch = launched()
-    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
-    sizes = parse_size_list(args.sizes)
-    _check_samples(args)
-    if launch is not None:
-        if args.nprocs is not None and args.nprocs != launch.world:
-            raise CliError(f"--nprocs {args.nprocs}: the launcher started {launch.world} ranks (WORLD_SIZE)")
-        try:
-            result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
-                                        timeout=args.timeout)  # fmt: skip
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        if result is None:  # not rank 0: rank 0 reports and writes
-            return 0
-        return _report_calibration(args, *result)
-    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
-    print(
-        f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
-        f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
-        f"{len(KINDS)} collectives, {args.iters} samples each ...",
-        flush=True,
-    )
-    warning = load_warning()
-    if warning:
-        print(warning, flush=True)
-    try:
-        model, record = calibrate(
-            nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    except SpawnError as e:
-        print(f"redist-opt calibrate: {e}", file=sys.stderr)
-        return 1
-    return _report_calibration(args, model, record)
-
-
-def _report_calibration(args, model, record) -> int:
-    from redist_opt.tools.calibrate import format_calibration
-
-    print(format_calibration(model, record))
-    model.save(args.out, calibration=record)
-    print(
-        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring; "
-        f"{record['mode']} mode, {record['nprocs']} {record['backend']} ranks on {record['device']})"
-    )
-    return 0
-
-
-def _parse_case(text: str) -> tuple[str, str]:
-    """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
-    from redist_opt.tools import bench
-
-    if "->" not in text:
-        raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
-    src, dst = (s.strip() for s in text.split("->", 1))
-    for s in (src, dst):
-        ps = redist_opt.parse_placements(s)
-        if len(ps) != len(bench.WALL_MESH[0]):
-            raise CliError(f"--case {text!r}: {s!r} has {len(ps)} placements for a 2-D mesh")
-    return src, dst
-
-
-def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
-    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
-    torch's, or None when the ranks failed (nothing to report)."""
-    from redist_opt.tools import bench
-    from redist_opt.tools.spawn import SpawnError
-
-    print(
-        f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
-        flush=True,
-    )
-    try:
-        res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
-    except SpawnError as e:
-        print(f"redist-opt bench: {e}", file=sys.stderr)
-        return None
-    result["wall"] = res
-    print(bench.format_wall(res))
-    if not all(r["equal"] for r in res["rows"]):
-        print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
-        return 1
-    return 0
+    return run
 
 
 def cmd_bench(args) -> int:
     if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
         return step_bench.cmd_step(args)
-    if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
-        from redist_opt.tools.quality import cmd_quality
-
-        return cmd_quality(args)
-    from redist_opt.tools import bench
-    from redist_opt.tools.timing import load_warning, loadavg, torch_version
-
-    sizes = parse_size_list(args.sizes)
-    cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
-    _check_samples(args)
-    cost = load_profile("--profile", args.profile) if args.profile else None
-    result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
-    warning = load_warning()
-    if warning:
-        print(warning + "\n", flush=True)
-    exit_code = 0
-    if args.part in ("all", "planning"):
-        res = bench.planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
-        result["planning"] = res
-        print(bench.format_planning(res))
-        print(flush=True)
-    if args.part in ("all", "wall"):
-        exit_code = _run_wall(args, sizes, cases, cost, result)
-        if exit_code is None:
-            return 1
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"\nwrote {args.json}")
-    return exit_code
+    if args.part == "quality":  # the corpus against torch's shipped plan (tools/quality.py)
+        return _command("redist_opt.tools.quality:cmd_quality")(args)
+    return _command("redist_opt.tools.bench:cmd_bench")(args)  # planning and wall
 
 
 # -- the parser --------------------------------------------------------------------------
@@ -397,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="plan, explain and run a 3-D redistribution over 8 gloo processes")
     demo.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=_command("redist_opt.tools.demo:cmd_demo"))
 
     ex = sub.add_parser(
         "explain",
@@ -416,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the job's backend and devices; --check: the profile's decision accuracy",
     )
     _add_calibrate_arguments(cal)
-    cal.set_defaults(func=cmd_calibrate)
+    cal.set_defaults(func=_command("redist_opt.tools.calibrate_launch:cmd_calibrate"))
 
     be = sub.add_parser(
         "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"
@@ -432,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "collectives, bytes and modelled time per step with torch, the existing groups and the advised ones.",
     )
     _add_advise_arguments(adv)
-    adv.set_defaults(func=cmd_advise)
+    adv.set_defaults(func=_command("redist_opt.tools.advise:cmd_advise"))
     return parser
 
 
