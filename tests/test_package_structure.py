@@ -107,6 +107,15 @@ def test_import_loads_no_renderer_cli_or_benchmark():
     assert not unwanted, unwanted
 
 
+def test_the_command_line_imports_a_command_when_it_runs():
+    """Building ``redist-opt``'s parser loads no command's module (they load when run)."""
+    code = "import sys; from redist_opt.tools import cli; cli.build_parser(); print('\\n'.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "redist_opt.tools.cli" in loaded
+    commands = {"bench", "calibrate", "calibrate_launch", "quality", "quality_plans", "demo", "advise", "timing"}
+    assert not {f"redist_opt.tools.{m}" for m in commands} & loaded
+
+
 def _stubs_sys_modules(tree) -> list[int]:
     """Lines that assign, delete or update an entry of ``sys.modules``."""
     def is_sys_modules(node):
