@@ -283,14 +283,17 @@ def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh) -> dict:
 RUN = "DTensor.redistribute run under LocalTensorMode on the fake backend at the simulation shape, recorded"
 
 
+def _torch_run(verify: bool) -> dict:
+    """:func:`redist_opt.tools.quality.quality_bench`'s options for torch's side run
+    (the fake world set up first)."""
+    ensure_fake_pg()
+    return dict(torch_side=functools.partial(torch_side, verify=verify), torch_side_name=RUN)
+
+
 def quality_bench(cases, *, cost_model=None, verify: bool = True, progress=None) -> dict:
     """:func:`redist_opt.tools.quality.quality_bench` with torch's side run (see the module doc)."""
-    ensure_fake_pg()
     with quiet_torch_logs():
-        return quality.quality_bench(
-            cases, cost_model=cost_model, progress=progress,
-            torch_side=functools.partial(torch_side, verify=verify), torch_side_name=RUN,
-        )  # fmt: skip
+        return quality.quality_bench(cases, cost_model=cost_model, progress=progress, **_torch_run(verify))
 
 
 def main(argv=None) -> int:
@@ -307,10 +310,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
     parser.add_argument("--report", metavar="FILE", help="write the markdown report here (default stdout)")
     args = parser.parse_args(argv)
-    ensure_fake_pg()
     with quiet_torch_logs():
-        return quality.cmd_quality(args, torch_side=functools.partial(torch_side, verify=not args.no_verify),
-                                   torch_side_name=RUN)  # fmt: skip
+        return quality.cmd_quality(args, **_torch_run(verify=not args.no_verify))
 
 
 if __name__ == "__main__":
