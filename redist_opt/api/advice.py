@@ -91,7 +91,8 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
     )
 
 
-def _layout_json(layout) -> list:
+def layout_json(layout) -> list:
+    """A layout as a record writes it, ``[shape, stride]`` (the inverse of :func:`layout_of`)."""
     return [list(layout.shape), list(layout.stride)]
 
 
@@ -102,7 +103,7 @@ def _flattened_of_spec(spec: MeshSpec) -> list[dict]:
         dims = L.dims_of_layout(layout, spec.dim_layouts, min_dims=2)
         named = None if dims is None else [spec.names[d] if spec.names else d for d in dims]
         out.append({"name": "_".join(map(str, named)) if named else None, "root_dims": named,
-                    "layout": _layout_json(layout)})
+                    "layout": layout_json(layout)})
     return out
 
 
@@ -116,11 +117,11 @@ def mesh_record_of_spec(spec: MeshSpec, root: dict | None = None, flattened: Seq
     return {
         "sizes": list(spec.sizes),
         "names": names,
-        "dim_layouts": [_layout_json(x) for x in spec.dim_layouts],
+        "dim_layouts": [layout_json(x) for x in spec.dim_layouts],
         "index_space": spec.index_space,
         "backend": spec.backend,
         "ranks_ascending": spec.ranks_ascending,
-        "existing": sorted(_layout_json(x) for x in spec.flattened_layouts),
+        "existing": sorted(layout_json(x) for x in spec.flattened_layouts),
         "root": root or {"sizes": list(spec.sizes), "names": names},
         "flattened": list(flattened),
     }

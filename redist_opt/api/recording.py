@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.fx.traceback as fx_traceback
 
 from redist_opt.api import advice
-from redist_opt.api.advice import mesh_record_of_spec
+from redist_opt.api.advice import layout_json, mesh_record_of_spec
 from redist_opt.api.errors import warn_once
 from redist_opt.api.routing import OBSERVERS, enabled
 from redist_opt.api.specs import spec_of
@@ -76,7 +76,7 @@ def _mesh_record(device_mesh, spec) -> dict:
     for name, flat, dims in L.flattened_dims(device_mesh):
         named = None if dims is None else [root_names[d] if root_names else d for d in dims]
         layout = L.collapse(L.device_mesh_dim_layouts(flat))
-        flattened.append({"name": name, "root_dims": named, "layout": [list(layout.shape), list(layout.stride)]})
+        flattened.append({"name": name, "root_dims": named, "layout": layout_json(layout)})
     return mesh_record_of_spec(spec, {"sizes": list(root.shape), "names": root_names}, flattened)
 
 

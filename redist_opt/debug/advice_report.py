@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from redist_opt.debug.svg import FONT, LINE_H, svg_open, text, text_w
 from redist_opt.debug.units import format_bytes, format_time
 
 __all__ = ["format_text", "render_svg", "COLUMNS"]
@@ -75,6 +74,9 @@ def format_text(d: dict) -> str:
 
 def render_svg(d: dict) -> str:
     """Horizontal bars of modelled time per call site: torch, existing, advised."""
+    # Imported here: `import redist_opt` (Advice) loads the text report, not the SVG writer.
+    from redist_opt.debug.svg import FONT, LINE_H, svg_open, text, text_w
+
     sites = list(d["sites"]) + [{"site": "total", "rows": d["total"]}]
     label_w = max(text_w(s["site"]) for s in sites) + 16
     bar_w, bar_h, gap = 360.0, 12.0, 10.0

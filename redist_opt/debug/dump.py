@@ -38,7 +38,6 @@ from pathlib import Path
 import torch.distributed as dist
 
 from redist_opt.ir.placements import placement_str
-from redist_opt.debug.dot import plan_to_dot
 from redist_opt.ir.text import dtype_str as _dtype_str
 from redist_opt.ir.text import format_graph, format_plan
 
@@ -160,5 +159,7 @@ def write_pass_dump(directory, seq: int, pipeline: str, pass_name: str | None, p
     txt = directory / f"{stem}.txt"
     dot = directory / f"{stem}.dot"
     txt.write_text(format_plan(plan) + "\n", encoding="utf-8")
+    from redist_opt.debug.dot import plan_to_dot  # the renderer loads with the first dump only
+
     dot.write_text(plan_to_dot(plan, name=stem), encoding="utf-8")
     return [txt, dot]

@@ -56,6 +56,7 @@ from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import StepInfo
 from redist_opt.ir.placements import placements_str, shard_order
+from redist_opt.ir.steps import ShardState
 
 __all__ = ["has_strided", "strided_reason", "strided_steps"]
 
@@ -127,12 +128,9 @@ def _sizes_reason(mesh: MeshSpec, src, shape) -> str | None:
             continue  # even: every piece is shape[t] / prod(counts) either way
         if math.prod(counts) > _MAX_CHECKED_COORDS:
             return f"uneven {placements_str(src)} over {math.prod(counts)} ranks: too many to check its local sizes"
-        for values in itertools.product(*(range(n) for n in counts)):
-            coords = dict(zip(dims, values))
-            nested = shape[t]
-            for d in dims:
-                nested = sym.chunk_size(nested, mesh.sizes[d], coords[d])
-            if nested != _dtensor_size(shape[t], src, mesh.sizes, coords, t):
+        every_coord = itertools.product(*(range(n) for n in counts))  # row-major, as the pieces
+        for values, nested in zip(every_coord, sym.nested_chunk_sizes(shape[t], counts)):
+            if nested != _dtensor_size(shape[t], src, mesh.sizes, dict(zip(dims, values)), t):
                 # no shape in the reason: the hand-back warns once per reason
                 return (
                     f"uneven {placements_str(src)} on mesh ({mesh.shape_str}): DTensor's left-to-right local "
@@ -154,18 +152,11 @@ def strided_steps(mesh: MeshSpec, src, dst, shape) -> list[StepInfo]:
     """torch's graph-based plan for a transition ``strided_reason`` accepts."""
     gathers, reason = _gathers(mesh, src, dst)
     assert reason is None, reason
-    order = {t: list(ds) for t, ds in shard_order(src, mesh.sizes).items()}
+    state = ShardState.of(src, mesh)
     steps: list[StepInfo] = []
     for t, dims in gathers.items():
-        for d in reversed(dims):  # innermost first
-            assert order[t][-1] == d
-            logical = []
-            for u, size in enumerate(shape):
-                e = sym.as_expr(size)
-                for m in order.get(u, ()):
-                    if m != d:
-                        e = sym.ChunkSize(e, mesh.sizes[m], sym.coord(m))
-                logical.append(e)
-            steps.append(StepInfo(len(steps), (d,), Shard(t), Replicate(), tuple(logical)))
-            order[t].pop()
+        for d in reversed(dims):  # innermost first, each with the logical shape before it
+            step = StepInfo(len(steps), (d,), Shard(t), Replicate(), state.logical_shape(shape, mesh, (d,)))
+            state.apply(step, mesh)  # checks that d is the innermost dim sharding t
+            steps.append(step)
     return steps

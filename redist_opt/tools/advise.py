@@ -1,7 +1,8 @@
 """``redist-opt advise step.json [more.json ...]``: which flattened groups to create for a
 recorded step (``redist_opt.record()``), as text, JSON and an SVG bar chart.
 
-Several files (one per rank) are merged first (``Recording.merge``).
+Several files (one per rank) are merged first (``Recording.merge``). The arguments
+are defined with the other commands' in :mod:`redist_opt.tools.cli`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import json
 
 from redist_opt.api.advice import mesh_spec_of_record
 from redist_opt.api.recording import Recording
-from redist_opt.debug.svg import write_text
 from redist_opt.tools.args import CliError, cost_model
 
-__all__ = ["add_advise_command", "cmd_advise"]
+__all__ = ["cmd_advise"]
 
 
 def cmd_advise(args) -> int:
@@ -32,31 +32,11 @@ def cmd_advise(args) -> int:
     else:
         print(advice, end="")
     if args.svg:
+        from redist_opt.debug.svg import write_text
+
         write_text(args.svg, advice.to_svg())
     return 0
 
 
 def _first_spec(rec: Recording):
     return mesh_spec_of_record(rec.meshes[0]) if rec.meshes else None
-
-
-def add_advise_command(sub) -> None:
-    """The ``advise`` subcommand, added to ``redist-opt``'s subparsers."""
-    p = sub.add_parser(
-        "advise",
-        help="which flattened groups to create for a step recorded with redist_opt.record()",
-        description="Choose the at most K new flattened groups (DeviceMesh._flatten) that minimize a "
-        "recorded step's modelled communication time; print the lines to add, and per call site the "
-        "collectives, bytes and modelled time per step with torch, the existing groups and the advised ones.",
-    )
-    p.add_argument("recording", nargs="+", help="JSON file(s) written by Recording.save (one per rank: merged)")
-    p.add_argument("--max-new-groups", type=int, default=1, metavar="K", help="at most this many new groups (default 1)")
-    p.add_argument(
-        "--profile",
-        help="cost profile: a JSON file from `redist-opt calibrate` or a built-in name (nccl, gloo); "
-        "default: $REDIST_OPT_COST_PROFILE or the recorded mesh's backend's profile",
-    )
-    p.add_argument("--devices-per-host", type=int, help="ranks per host for the cost model")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    p.add_argument("--svg", metavar="FILE", help="also write a bar chart of modelled time per call site")
-    p.set_defaults(func=cmd_advise)

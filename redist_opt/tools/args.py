@@ -26,7 +26,15 @@ __all__ = [
     "load_profile",
     "cost_model",
     "with_devices_per_host",
+    "check_samples",
+    "DEFAULT_BENCH_SIZES",
+    "DEFAULT_CALIBRATE_SIZES",
 ]
+
+# ``--sizes`` defaults. 4 bytes is a loss or grad-norm scalar: gloo's ring leaves most
+# chunks empty there, so it does not lie on the line through the larger sizes.
+DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
+DEFAULT_BENCH_SIZES = "1KiB..4MiB*8"
 
 
 class CliError(Exception):
@@ -143,3 +151,9 @@ def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spe
         model = with_devices_per_host(model, devices_per_host)
         source += f", --devices-per-host {devices_per_host}"
     return model, source
+
+
+def check_samples(iters: int, warmup: int) -> None:
+    """``--iters`` and ``--warmup`` of the measuring commands."""
+    if iters < 1 or warmup < 0:
+        raise CliError("--iters must be >= 1 and --warmup >= 0")

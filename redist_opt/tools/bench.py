@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -24,11 +26,13 @@ import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-from redist_opt.tools.spawn import run_ranks
-from redist_opt.tools.timing import Stat, timed_samples, wait
+from redist_opt.tools.args import CliError, check_samples, load_profile, parse_size_list
+from redist_opt.tools.spawn import SpawnError, run_ranks
+from redist_opt.tools.timing import Stat, load_warning, loadavg, timed_samples, torch_version, wait
 from redist_opt.tools.units import format_size
 
-__all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH"]
+__all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH",
+           "cmd_bench"]
 
 
 # -- bench: planning speed ---------------------------------------------------------------
@@ -156,7 +160,6 @@ WALL_CASES = [
     ("S(0),S(0)", "R,R"),
     ("S(0),S(1)", "S(1),S(0)"),
 ]
-DEFAULT_BENCH_SIZES = "1KiB..4MiB*8"
 VARIANTS = ("torch", "torch_nomerge", "ours")
 
 
@@ -306,3 +309,66 @@ def format_wall(res: dict) -> str:
         f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"
     )
     return "\n".join(lines)
+
+
+# -- the command ---------------------------------------------------------------------
+
+
+def _parse_case(text: str) -> tuple[str, str]:
+    """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
+    if "->" not in text:
+        raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
+    src, dst = (s.strip() for s in text.split("->", 1))
+    for s in (src, dst):
+        ps = redist_opt.parse_placements(s)
+        if len(ps) != len(WALL_MESH[0]):
+            raise CliError(f"--case {text!r}: {s!r} has {len(ps)} placements for a 2-D mesh")
+    return src, dst
+
+
+def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
+    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
+    torch's, or None when the ranks failed (nothing to report)."""
+    print(
+        f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(WALL_MESH[0])} gloo ranks ...",
+        flush=True,
+    )
+    try:
+        res = wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
+    except SpawnError as e:
+        print(f"redist-opt bench: {e}", file=sys.stderr)
+        return None
+    result["wall"] = res
+    print(format_wall(res))
+    if not all(r["equal"] for r in res["rows"]):
+        print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """``redist-opt bench --part all|planning|wall``: exit 0, 1 when a result differs from torch's."""
+    sizes = parse_size_list(args.sizes)
+    cases = [_parse_case(c) for c in args.case] if args.case else list(WALL_CASES)
+    check_samples(args.iters, args.warmup)
+    cost = load_profile("--profile", args.profile) if args.profile else None
+    result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
+    warning = load_warning()
+    if warning:
+        print(warning + "\n", flush=True)
+    exit_code = 0
+    if args.part in ("all", "planning"):
+        res = planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
+        result["planning"] = res
+        print(format_planning(res))
+        print(flush=True)
+    if args.part in ("all", "wall"):
+        exit_code = _run_wall(args, sizes, cases, cost, result)
+        if exit_code is None:
+            return 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    return exit_code

@@ -30,15 +30,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from redist_opt.ir.cost import KINDS, CostModel, steps_and_bytes
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.tools.args import DEFAULT_CALIBRATE_SIZES
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Clock, Stat, loadavg, timed_samples, torch_version, wait
 from redist_opt.tools.units import format_size, parse_sizes
 
-__all__ = ["calibrate", "measure_collectives", "fit_per_kind", "fit_profile", "summarize", "fit_alpha_beta", "FitResult", "format_calibration", "DEFAULT_CALIBRATE_SIZES"]
-
-# 4 bytes is a loss or grad-norm scalar: gloo's ring leaves most chunks empty there,
-# so it does not lie on the line through the larger sizes.
-DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
+__all__ = ["calibrate", "measure_collectives", "fit_per_kind", "fit_profile", "summarize", "fit_alpha_beta", "FitResult", "format_calibration"]
 
 
 def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: int, warmup: int) -> dict:

@@ -1,4 +1,5 @@
-"""``redist-opt calibrate`` inside a launched job (``torchrun --nproc_per_node=N -m redist_opt calibrate``).
+"""``redist-opt calibrate``: on spawned local gloo ranks, or inside a launched job
+(``torchrun --nproc_per_node=N -m redist_opt calibrate``).
 
 torchrun (or any launcher that sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``)
 started this process as one rank of the job: the measurement runs on the job's own
@@ -17,6 +18,7 @@ import dataclasses
 import datetime
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -24,13 +26,15 @@ import sympy
 import torch
 import torch.distributed as dist
 
-from redist_opt.ir.cost import CostModel
-from redist_opt.tools.calibrate import calibration_record, fit_profile, measure_collectives, summarize
-from redist_opt.tools.calibrate import validate_request
-from redist_opt.tools.spawn import quiet_torch_logs
-from redist_opt.tools.timing import DeviceChoice, select_device
+from redist_opt.ir.cost import KINDS, CostModel
+from redist_opt.tools.args import CliError, check_samples, parse_mesh, parse_size_list
+from redist_opt.tools.calibrate import calibrate, calibration_record, fit_profile, format_calibration
+from redist_opt.tools.calibrate import measure_collectives, summarize, validate_request
+from redist_opt.tools.spawn import SpawnError, quiet_torch_logs
+from redist_opt.tools.timing import DeviceChoice, load_warning, select_device
+from redist_opt.tools.units import format_size
 
-__all__ = ["Launch", "launched", "calibrate_launched", "default_mesh"]
+__all__ = ["Launch", "launched", "calibrate_launched", "default_mesh", "cmd_calibrate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +140,55 @@ def calibrate_launched(
         mode="launched", devices_per_host=launch.devices_per_host, local_world_size=launch.local_world,
     )  # fmt: skip
     return model, record
+
+
+# -- the command ---------------------------------------------------------------------
+
+
+def cmd_calibrate(args) -> int:
+    """``redist-opt calibrate``: spawned gloo ranks, or the ranks a launcher started."""
+    launch = launched()
+    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
+    sizes = parse_size_list(args.sizes)
+    check_samples(args.iters, args.warmup)
+    if launch is not None:
+        if args.nprocs is not None and args.nprocs != launch.world:
+            raise CliError(f"--nprocs {args.nprocs}: the launcher started {launch.world} ranks (WORLD_SIZE)")
+        try:
+            result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
+                                        timeout=args.timeout)  # fmt: skip
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if result is None:  # not rank 0: rank 0 reports and writes
+            return 0
+        return _report_calibration(args, *result)
+    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
+    print(
+        f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
+        f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
+        f"{len(KINDS)} collectives, {args.iters} samples each ...",
+        flush=True,
+    )
+    warning = load_warning()
+    if warning:
+        print(warning, flush=True)
+    try:
+        model, record = calibrate(
+            nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except SpawnError as e:
+        print(f"redist-opt calibrate: {e}", file=sys.stderr)
+        return 1
+    return _report_calibration(args, model, record)
+
+
+def _report_calibration(args, model, record) -> int:
+    print(format_calibration(model, record))
+    model.save(args.out, calibration=record)
+    print(
+        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring; "
+        f"{record['mode']} mode, {record['nprocs']} {record['backend']} ranks on {record['device']})"
+    )
+    return 0

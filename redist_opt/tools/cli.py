@@ -1,32 +1,27 @@
-"""The ``redist-opt`` command: ``demo``, ``explain``, ``calibrate`` and ``bench``.
+"""The ``redist-opt`` command: ``demo``, ``explain``, ``advise``, ``calibrate`` and ``bench``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
-Values shared with the quality bench are parsed in :mod:`redist_opt.tools.args`.
+Values shared by the commands are parsed in :mod:`redist_opt.tools.args`. ``explain``
+runs here; every other command runs in its own module, imported when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
-import math
 import os
 import sys
 
 import redist_opt
 from redist_opt.debug import dump, explain, visualize
-from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
+from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools import autoparallel_check, bench, decisions, quality, step_bench
-from redist_opt.tools.advise import add_advise_command
-from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
-from redist_opt.tools.args import parse_shape, parse_size_list
-from redist_opt.tools.calibrate import DEFAULT_CALIBRATE_SIZES, calibrate, format_calibration
-from redist_opt.tools.calibrate_launch import calibrate_launched, default_mesh, launched
-from redist_opt.tools.demo import run_demo
-from redist_opt.tools.spawn import SpawnError
-from redist_opt.tools.timing import load_warning, loadavg, torch_version
-from redist_opt.tools.units import format_size
+from redist_opt.tools import step_bench
+from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model
+from redist_opt.tools.args import mesh_spec, parse_dtype, parse_shape
+from redist_opt.tools.corpus import CATEGORIES
 
 __all__ = ["main", "build_parser"]
 
@@ -135,133 +130,23 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    return run_demo(timeout=args.timeout)
+def _command(target: str):
+    """The function ``module:name`` that runs a command, imported when the command runs:
+    ``redist-opt explain`` never loads the gloo spawner, the calibrator or the benches."""
+    module, name = target.split(":")
 
+    def run(args) -> int:
+        return getattr(importlib.import_module(module), name)(args)
 
-# -- calibrate and bench ----------------------------------------------------------------
-
-
-def _check_samples(args) -> None:
-    if args.iters < 1 or args.warmup < 0:
-        raise CliError("--iters must be >= 1 and --warmup >= 0")
-
-
-def cmd_calibrate(args) -> int:
-    if args.check:  # decision accuracy of a profile on live gloo ranks (tools/decisions.py)
-        return decisions.cmd_decisions(args)
-    launch = launched()
-    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
-    sizes = parse_size_list(args.sizes)
-    _check_samples(args)
-    if launch is not None:
-        if args.nprocs is not None and args.nprocs != launch.world:
-            raise CliError(f"--nprocs {args.nprocs}: the launcher started {launch.world} ranks (WORLD_SIZE)")
-        try:
-            result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
-                                        timeout=args.timeout)  # fmt: skip
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        if result is None:  # not rank 0: rank 0 reports and writes
-            return 0
-        return _report_calibration(args, *result)
-    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
-    print(
-        f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
-        f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
-        f"{len(KINDS)} collectives, {args.iters} samples each ...",
-        flush=True,
-    )
-    warning = load_warning()
-    if warning:
-        print(warning, flush=True)
-    try:
-        model, record = calibrate(
-            nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
-        )
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    except SpawnError as e:
-        print(f"redist-opt calibrate: {e}", file=sys.stderr)
-        return 1
-    return _report_calibration(args, model, record)
-
-
-def _report_calibration(args, model, record) -> int:
-    print(format_calibration(model, record))
-    model.save(args.out, calibration=record)
-    print(
-        f"\nwrote {args.out} ({record['wall_s']:.1f} s: {record['measuring_s']:.1f} s measuring; "
-        f"{record['mode']} mode, {record['nprocs']} {record['backend']} ranks on {record['device']})"
-    )
-    return 0
-
-
-def _parse_case(text: str) -> tuple[str, str]:
-    """``--case SRC->DST`` on the wall benchmark's 2-D mesh."""
-    if "->" not in text:
-        raise CliError(f"--case {text!r}: expected SRC->DST, e.g. 'P,P->R,S(0)'")
-    src, dst = (s.strip() for s in text.split("->", 1))
-    for s in (src, dst):
-        ps = redist_opt.parse_placements(s)
-        if len(ps) != len(bench.WALL_MESH[0]):
-            raise CliError(f"--case {text!r}: {s!r} has {len(ps)} placements for a 2-D mesh")
-    return src, dst
-
-
-def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
-    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
-    torch's, or None when the ranks failed (nothing to report)."""
-    print(
-        f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(bench.WALL_MESH[0])} gloo ranks ...",
-        flush=True,
-    )
-    try:
-        res = bench.wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
-    except SpawnError as e:
-        print(f"redist-opt bench: {e}", file=sys.stderr)
-        return None
-    result["wall"] = res
-    print(bench.format_wall(res))
-    if not all(r["equal"] for r in res["rows"]):
-        print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
-        return 1
-    return 0
+    return run
 
 
 def cmd_bench(args) -> int:
     if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
         return step_bench.cmd_step(args)
-    if args.part == "autoparallel":  # autoparallel's example Block (tools/autoparallel_check.py)
-        return autoparallel_check.cmd_autoparallel(args)
-    if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
-        return quality.cmd_quality(args)
-    if args.part == "decisions":  # the cost model's choices against measured times (tools/decisions.py)
-        return decisions.cmd_decisions(args)
-    sizes = parse_size_list(args.sizes)
-    cases = [_parse_case(c) for c in args.case] if args.case else list(bench.WALL_CASES)
-    _check_samples(args)
-    cost = load_profile("--profile", args.profile) if args.profile else None
-    result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
-    warning = load_warning()
-    if warning:
-        print(warning + "\n", flush=True)
-    exit_code = 0
-    if args.part in ("all", "planning"):
-        res = bench.planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
-        result["planning"] = res
-        print(bench.format_planning(res))
-        print(flush=True)
-    if args.part in ("all", "wall"):
-        exit_code = _run_wall(args, sizes, cases, cost, result)
-        if exit_code is None:
-            return 1
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"\nwrote {args.json}")
-    return exit_code
+    if args.part == "quality":  # the corpus against torch's shipped plan (tools/quality.py)
+        return _command("redist_opt.tools.quality:cmd_quality")(args)
+    return _command("redist_opt.tools.bench:cmd_bench")(args)  # planning and wall
 
 
 # -- the parser --------------------------------------------------------------------------
@@ -308,13 +193,6 @@ def _add_calibrate_arguments(p) -> None:
     p.add_argument("--mesh", default=None,
                    help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
                    "the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
-    p.add_argument("--check", action="store_true",
-                   help="measure instead how often --profile's choices between alternative plans are the "
-                   "measured faster ones, on 8 gloo ranks (see docs/decisions.md)")
-    p.add_argument("--profile", action="append",
-                   help="with --check: the profile(s) to judge (nccl, gloo or a JSON file; repeatable; "
-                   "default gloo)")
-    p.add_argument("--json", help="with --check: also write the results to this JSON file")
     p.add_argument(
         "--sizes", default=DEFAULT_CALIBRATE_SIZES,
         help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
@@ -328,15 +206,14 @@ def _add_calibrate_arguments(p) -> None:
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality", "step", "decisions", "autoparallel"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality", "step"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md; step: torchtitan training "
-        "steps on 8 gloo ranks, see docs/step_bench.md; autoparallel: its example Block with "
-        "compiler_fn and enabled(), see docs/autoparallel.md)",
+        "steps on 8 gloo ranks, see docs/step_bench.md)",
     )  # fmt: skip
     p.add_argument(
-        "--sizes", default=bench.DEFAULT_BENCH_SIZES,
-        help=f"global tensor sizes (list or range as for calibrate); default {bench.DEFAULT_BENCH_SIZES}",
+        "--sizes", default=DEFAULT_BENCH_SIZES,
+        help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
     )  # fmt: skip
     p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
     p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
@@ -349,10 +226,33 @@ def _add_bench_arguments(p) -> None:
     )
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
-    # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
-    quality.add_quality_arguments(p, common=False)
+    _add_quality_arguments(p)
     step_bench.add_step_arguments(p)  # --step-config, --step-mode, --steps
-    autoparallel_check.add_autoparallel_arguments(p)  # --ap-setting, --ap-groups
+
+
+def _add_quality_arguments(p) -> None:
+    """``--part quality``'s own options (``--corpus-case``: the bench's ``--case`` takes SRC->DST)."""
+    p.add_argument("--corpus", default=None, metavar="FILE",
+                   help="quality: a corpus JSON (default: the corpus shipped with redist_opt)")
+    p.add_argument("--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)")
+    p.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
+                   help="quality: only this corpus category (repeatable)")
+    p.add_argument("--devices-per-host", type=int, metavar="N",
+                   help="quality: ranks per host for the cost model (consecutive ranks share a host)")
+    p.add_argument("--report", metavar="FILE", help="quality: write the markdown report here (default stdout)")
+
+
+def _add_advise_arguments(p) -> None:
+    p.add_argument("recording", nargs="+", help="JSON file(s) written by Recording.save (one per rank: merged)")
+    p.add_argument("--max-new-groups", type=int, default=1, metavar="K", help="at most this many new groups (default 1)")
+    p.add_argument(
+        "--profile",
+        help="cost profile: a JSON file from `redist-opt calibrate` or a built-in name (nccl, gloo); "
+        "default: $REDIST_OPT_COST_PROFILE or the recorded mesh's backend's profile",
+    )
+    p.add_argument("--devices-per-host", type=int, help="ranks per host for the cost model")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--svg", metavar="FILE", help="also write a bar chart of modelled time per call site")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="plan, explain and run a 3-D redistribution over 8 gloo processes")
     demo.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=_command("redist_opt.tools.demo:cmd_demo"))
 
     ex = sub.add_parser(
         "explain",
@@ -380,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the job's backend and devices; --check: the profile's decision accuracy",
     )
     _add_calibrate_arguments(cal)
-    cal.set_defaults(func=cmd_calibrate)
+    cal.set_defaults(func=_command("redist_opt.tools.calibrate_launch:cmd_calibrate"))
 
     be = sub.add_parser(
         "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"
@@ -388,7 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_arguments(be)
     be.set_defaults(func=cmd_bench)
 
-    add_advise_command(sub)
+    adv = sub.add_parser(
+        "advise",
+        help="which flattened groups to create for a step recorded with redist_opt.record()",
+        description="Choose the at most K new flattened groups (DeviceMesh._flatten) that minimize a "
+        "recorded step's modelled communication time; print the lines to add, and per call site the "
+        "collectives, bytes and modelled time per step with torch, the existing groups and the advised ones.",
+    )
+    _add_advise_arguments(adv)
+    adv.set_defaults(func=_command("redist_opt.tools.advise:cmd_advise"))
     return parser
 
 

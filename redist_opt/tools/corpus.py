@@ -1,10 +1,9 @@
-"""The quality bench's corpus: real parallelism layouts (``fixtures/corpus.json``).
+"""The quality bench's corpus: real parallelism layouts (``corpus.json`` beside this
+module, shipped as package data so the bench runs from an installed wheel).
 
 A case names a mesh (with the flattened groups a job creates), source and target
 placements, a global shape and dtype, the category of layout and where it comes
-from. :func:`load_corpus` reads and validates the file; :meth:`CorpusCase.sim_shape`
-gives the small shape torch runs on in the simulation (see
-:mod:`redist_opt.tools.quality`).
+from. :func:`load_corpus` reads and validates the file.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import json
 import math
 import os
 from collections import Counter
+from importlib import resources
 
 import torch
 
@@ -23,9 +23,8 @@ from redist_opt.tools.args import CliError, mesh_spec
 
 __all__ = ["CATEGORIES", "CorpusCase", "DEFAULT_CORPUS", "load_corpus"]
 
-DEFAULT_CORPUS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fixtures", "corpus.json"
-)
+# The shipped corpus (a Traversable: read it with ``read_text()``, it may not be a file).
+DEFAULT_CORPUS = resources.files(__package__).joinpath("corpus.json")
 
 CATEGORIES = ("fsdp", "hsdp", "tp", "cp", "4d", "ep", "grad_norm", "loss", "jagged", "uneven")
 _FIELDS = ("id", "category", "source", "why", "mesh", "flatten", "src", "dst", "shape", "dtype")
@@ -82,25 +81,6 @@ class CorpusCase:
             raise ValueError(f"corpus case {self.id!r}: {e}") from None
         return tuple(out)
 
-    def sim_shape(self) -> tuple[tuple[int, ...], int]:
-        """(simulation shape, integer factor real bytes / simulated bytes); see the module doc."""
-        src, dst = self.placements()
-        sizes = self.spec().sizes
-        sim = []
-        for d, length in enumerate(self.shape):
-            m = math.prod(
-                n for n, a, b in zip(sizes, src, dst)
-                if any(p.is_shard() and p.dim == d for p in (a, b))
-            )
-            if m == 1:
-                sim.append(min(length, 1))
-            elif length % m == 0:
-                sim.append(m)
-            else:
-                sim.append(length)
-        sim_numel, numel = math.prod(sim), math.prod(self.shape)
-        return tuple(sim), (numel // sim_numel if sim_numel else 1)
-
 
 def _case_from_dict(raw: dict, where: str) -> CorpusCase:
     if not isinstance(raw, dict):
@@ -135,13 +115,17 @@ def _case_from_dict(raw: dict, where: str) -> CorpusCase:
 
 
 def load_corpus(path: str | os.PathLike | None = None) -> list[CorpusCase]:
-    """Read and validate a corpus file (default ``fixtures/corpus.json``)."""
-    path = os.fspath(path or DEFAULT_CORPUS)
-    with open(path) as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"corpus {path!r} is not valid JSON: {e}") from None
+    """Read and validate a corpus file (default: the shipped :data:`DEFAULT_CORPUS`)."""
+    if path is None:
+        path, text = DEFAULT_CORPUS.name, DEFAULT_CORPUS.read_text(encoding="utf-8")
+    else:
+        path = os.fspath(path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"corpus {path!r} is not valid JSON: {e}") from None
     raw_cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(raw_cases, list):
         raise ValueError(f"corpus {path!r}: expected an object with a 'cases' list")

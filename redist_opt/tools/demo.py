@@ -25,7 +25,7 @@ from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
 from redist_opt.tools.spawn import SpawnError, run_ranks
 
-__all__ = ["run_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
+__all__ = ["run_demo", "cmd_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
 
 DEMO_MESH = ((2, 2, 2), ("dp", "cp", "tp"))
 # Flattened meshes the demo job creates (as a training job would for its loss
@@ -144,3 +144,8 @@ def run_demo(timeout: float = 300.0) -> int:
     else:
         print("MISMATCH against torch's redistribute")
     return 0 if ok else 1
+
+
+def cmd_demo(args) -> int:
+    """``redist-opt demo``."""
+    return run_demo(timeout=args.timeout)

@@ -10,7 +10,7 @@ import math
 from collections import Counter
 
 from redist_opt.debug.units import format_bytes
-from redist_opt.tools.quality_ours import POLICIES
+from redist_opt.tools.quality_plans import POLICIES
 
 __all__ = ["COMPARISON_RULE", "find_worse", "totals", "verdict", "fmt_us"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from redist_opt.debug.units import format_bytes
 from redist_opt.tools.quality_compare import find_worse, fmt_us
-from redist_opt.tools.quality_ours import POLICIES
+from redist_opt.tools.quality_plans import POLICIES
 
 __all__ = ["format_quality", "cell"]
 
@@ -29,6 +29,8 @@ def _case_table(result: dict, worse_ids: set) -> list[str]:
         f"torch {result['torch_version']}; cost model {model['name']!r} "
         f"(algorithm {model['algorithm']}, devices_per_host {model['devices_per_host']}); "
         f"{len(result['cases'])} cases in {result['seconds']:.0f} s",
+        "",
+        f"torch's side: {result['torch_side']}.",
         "",
         f"Comparison rule: {result['rule']}.",
         "",
@@ -110,7 +112,8 @@ def _verification_section(result: dict) -> list[str]:
 def _details_section(result: dict) -> list[str]:
     lines = ["", "## Collectives per case", ""]
     for r in result["cases"]:
-        lines.append(f"- **{r['id']}** (sim shape {r['sim_shape']}, x{r['scale']})")
+        sim = f" (sim shape {r['sim_shape']}, x{r['scale']})" if "sim_shape" in r else ""
+        lines.append(f"- **{r['id']}**{sim}")
         for side in SIDES:
             s = r[side]
             body = "; ".join(s["ops"]) if s["status"] == "ok" else f"{s['status']}: {s.get('reason', '')}"

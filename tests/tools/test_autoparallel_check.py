@@ -1,4 +1,4 @@
-"""The autoparallel check (``redist-opt bench --part autoparallel``).
+"""The autoparallel check (``python -m benchmarks.autoparallel_check``).
 
 Without autoparallel installed (it is not on the package registry), the command
 prints the install steps and exits 2, and the slow test skips saying so. The
@@ -15,9 +15,8 @@ import sys
 
 import pytest
 
-from redist_opt.tools import autoparallel_check as check
-from redist_opt.tools import cli
-from redist_opt.tools.autoparallel_block import BUILDS, load_block
+from benchmarks import autoparallel_check as check
+from benchmarks.autoparallel_block import BUILDS, load_block
 
 STAND_IN = '''
 import torch
@@ -62,7 +61,7 @@ def test_missing_autoparallel_prints_install_steps_and_exits_2(monkeypatch, caps
     monkeypatch.setitem(sys.modules, "autoparallel", None)  # import autoparallel raises ImportError
     monkeypatch.setitem(sys.modules, "autoparallel.api", None)
     assert "not the PyPI package" in check.autoparallel_missing()
-    assert cli.main(["bench", "--part", "autoparallel"]) == 2
+    assert check.main([]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps -e" in err and "a54c2529" in err
 

@@ -1,4 +1,4 @@
-"""The corpus of real parallelism layouts (fixtures/corpus.json).
+"""The corpus of real parallelism layouts (redist_opt/tools/corpus.json, shipped as package data).
 
 * schema: every case parses to a valid mesh (with its flattened groups) and
   placements, at least 40 cases, every category present, sources
@@ -19,6 +19,7 @@ import pytest
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
+from benchmarks.quality import sim_shape
 from redist_opt.tools import quality
 from redist_opt.ir.mesh import MeshSpec
 
@@ -29,7 +30,7 @@ BY_ID = {c.id: c for c in CASES}
 def test_corpus_size_and_categories():
     assert len(CASES) >= 40
     assert {c.category for c in CASES} == set(quality.CATEGORIES)
-    with open(quality.DEFAULT_CORPUS) as f:
+    with quality.DEFAULT_CORPUS.open(encoding="utf-8") as f:
         described = json.load(f)["categories"]
     assert set(described) == set(quality.CATEGORIES)
 
@@ -80,7 +81,7 @@ def test_case_schema(case):
     src, dst = case.placements()
     assert len(src) == len(dst) == spec.ndim
     assert src != dst
-    sim, scale = case.sim_shape()
+    sim, scale = sim_shape(case)
     assert len(sim) == len(case.shape) and scale * math.prod(sim) == math.prod(case.shape)
     # The simulation shape shards like the real one: even dims stay even, uneven stay as they are.
     for d, (n, m) in enumerate(zip(case.shape, sim)):
@@ -91,7 +92,7 @@ def test_case_schema(case):
 
 
 def test_load_corpus_rejects_bad_cases(tmp_path):
-    good = json.loads(open(quality.DEFAULT_CORPUS).read())["cases"][0]
+    good = json.loads(quality.DEFAULT_CORPUS.read_text(encoding="utf-8"))["cases"][0]
     for bad, match in [
         (dict(good, category="nope"), "category"),
         (dict(good, mesh="dp=2,dp=2"), "twice"),
@@ -145,7 +146,7 @@ def test_sample_differential(case_id):
     except redist_opt.RedistributeError as e:  # mixed P(avg)/P(sum): being added on another branch
         pytest.xfail(f"redist_opt refuses {case.id} today: {e}")
     assert case.num_ranks <= meshes.WORLD_SIZE
-    sim, _ = case.sim_shape()
+    sim, _ = sim_shape(case)
     # inputs.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
     # a 1-element vector (the same collectives).
     sim = sim or (1,)

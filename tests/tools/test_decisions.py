@@ -1,4 +1,4 @@
-"""Decision accuracy (`redist-opt calibrate --check`): the cases, the alternatives the
+"""Decision accuracy (`python -m benchmarks.decisions`): the cases, the alternatives the
 pipeline chooses between, how a profile's picks are judged against measured times,
 and one live case on 8 gloo ranks."""
 
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from redist_opt.ir.cost import CostModel
-from redist_opt.tools.decisions import (
+from benchmarks.decisions import (
     RANKS, DecisionCase, alternatives, decision_cases, format_decisions, judge, measure_decisions, told_apart,
 )
 

@@ -1,9 +1,12 @@
-"""``redist_opt.tools.quality``: the quality benchmark against torch's shipped redistribute.
+"""The quality bench against torch's shipped redistribute: ``redist-opt bench --part
+quality`` (``redist_opt.tools.quality``, torch's plan modelled) and the harness
+``benchmarks.quality`` (torch run under LocalTensorMode).
 
-* its torch numbers equal an independent count: torch's redistribute (merge pass
-  on) run here under ``CommDebugMode`` on a fresh mesh with the case's flattened
-  groups, per collective kind; and torch's bytes at the realistic shape follow
-  from the simulation shape exactly (checked against a run without scaling);
+* the modelled torch side equals the run one on every case of the shipped corpus;
+* the run's torch numbers equal an independent count: torch's redistribute (merge
+  pass on) run here under ``CommDebugMode`` on a fresh mesh with the case's
+  flattened groups, per collective kind; and torch's bytes at the realistic shape
+  follow from the simulation shape exactly (checked against a run without scaling);
 * its numbers for ours equal the plans' (``plan`` + ``optimize``);
 * worse cases are listed (fed a fake result), unsupported ones are listed, not raised.
 """
@@ -12,7 +15,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
+import pathlib
+import subprocess
+import sys
 from collections import Counter
 
 from support.inputs import build_input
@@ -23,25 +30,50 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
-from redist_opt.tools import quality
+from benchmarks import quality as harness_run
 from redist_opt.ir.cost import CostModel
+from redist_opt.tools import quality
+from redist_opt.tools.cli import main
 
 pytestmark = pytest.mark.xdist_group("quality")  # the result fixture runs the corpus
 
+
+ROOT = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "benchmarks").is_dir())  # the checkout
 BY_ID = {c.id: c for c in quality.load_corpus()}
 SMALL = ["hsdp_grad", "gradnorm_3d", "ep_dispatch_borrow_cp"]
 
 
 @pytest.fixture(scope="module")
 def result():
-    return quality.quality_bench([BY_ID[i] for i in SMALL], verify=True)
+    return harness_run.quality_bench([BY_ID[i] for i in SMALL], verify=True)
+
+
+def _sides(row: dict) -> dict:
+    keys = ("status", "collectives", "bytes", "time", "ops")
+    return {side: {k: row[side].get(k) for k in keys} for side in ("torch",) + quality.POLICIES}
+
+
+@pytest.mark.slow  # starts a process
+def test_modelled_torch_equals_the_run_on_the_whole_corpus(tmp_path):
+    """The shipped command models torch's plan (torch_merged_plan); run, torch issues the same.
+    The harness runs in a process of its own: its fake world must be larger than any mesh."""
+    cases = quality.load_corpus()
+    modelled = quality.quality_bench(cases)
+    out = tmp_path / "run.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.quality", "--no-verify", "--json", str(out),
+                    "--report", str(tmp_path / "run.md")], check=True, timeout=600, cwd=ROOT)  # fmt: skip
+    run = json.loads(out.read_text())
+    assert len(modelled["cases"]) == len(cases) > 50
+    for m, r in zip(modelled["cases"], run["cases"]):
+        assert _sides(m) == _sides(r), m["id"]
+    assert modelled["totals"] == run["totals"]
 
 
 def _independent_torch_counts(case) -> Counter:
     """torch 2.13's redistribute, merge pass on, counted by a plain CommDebugMode."""
     spec = case.spec()
     src, dst = case.placements()
-    sim, _ = case.sim_shape()
+    sim, _ = harness_run.sim_shape(case)
     sim = sim or (1,)  # build_input needs a dim; a 1-element vector issues the same collectives
     with LocalTensorMode(spec.num_ranks) as lm:
         with lm.disable():
@@ -99,11 +131,11 @@ def test_scaling_is_exact(monkeypatch):
     """torch's bytes from the simulation shape x factor == bytes recorded at the real shape."""
     base = BY_ID["uneven_nested_reduce_scatter"]  # uneven dim kept, even dim scaled
     case = dataclasses.replace(base, id="scaled", shape=(23, 6))
-    sim, scale = case.sim_shape()
+    sim, scale = harness_run.sim_shape(case)
     assert sim == (23, 1) and scale == 6
-    scaled = quality.quality_bench([case], verify=False)["cases"][0]["torch"]
-    monkeypatch.setattr(quality.CorpusCase, "sim_shape", lambda self: (self.shape, 1))
-    direct = quality.quality_bench([case], verify=False)["cases"][0]["torch"]
+    scaled = harness_run.quality_bench([case], verify=False)["cases"][0]["torch"]
+    monkeypatch.setattr(harness_run, "sim_shape", lambda case: (case.shape, 1))
+    direct = harness_run.quality_bench([case], verify=False)["cases"][0]["torch"]
     assert scaled["bytes"] == direct["bytes"] and scaled["collectives"] == direct["collectives"]
     assert scaled["time"] == pytest.approx(direct["time"])
 
@@ -142,7 +174,7 @@ def test_torch_log_levels_are_restored():
     try:
         for lg in loggers:
             lg.setLevel(logging.INFO)
-        quality.quality_bench([BY_ID["hsdp_grad"]], verify=False)
+        harness_run.quality_bench([BY_ID["hsdp_grad"]], verify=False)
         assert [lg.level for lg in loggers] == [logging.INFO] * len(loggers)
     finally:
         for lg, level in zip(loggers, before):
@@ -151,7 +183,7 @@ def test_torch_log_levels_are_restored():
 
 def test_unsupported_case_is_listed_not_raised():
     case = BY_ID["loss_parallel_mixed"]
-    res = quality.quality_bench([case], verify=True)
+    res = harness_run.quality_bench([case], verify=True)
     row = res["cases"][0]
     assert row["torch"]["status"] == "ok" and row["torch"]["collectives"] == 2
     for policy in quality.POLICIES:
@@ -163,51 +195,36 @@ def test_unsupported_case_is_listed_not_raised():
     assert res["totals"]["compared"] == (1 if all(row[p]["status"] == "ok" for p in quality.POLICIES) else 0)
 
 
-def test_cli(tmp_path, capsys):
+def test_bench_part_quality(tmp_path, capsys):
+    """`redist-opt bench --part quality` beside the bench's own options; bad input exits 2."""
     out, js = tmp_path / "q.md", tmp_path / "q.json"
-    rc = quality.main(["--corpus-case", "gradnorm_3d", "--no-verify", "--report", str(out), "--json", str(js)])
-    assert rc == 0
+    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--profile", "gloo",
+                 "--report", str(out), "--json", str(js)]) == 0
     text = out.read_text()
-    assert "| gradnorm_3d | grad_norm |" in text and "## Totals" in text
+    assert "| gradnorm_3d | grad_norm |" in text and "## Totals" in text and "cost model 'gloo'" in text
     assert js.read_text().lstrip().startswith("{")
-    assert quality.main(["--corpus-case", "nope"]) == 2
+    assert main(["bench", "--part", "quality", "--corpus-case", "nope"]) == 2
     assert "unknown case id" in capsys.readouterr().err
-    assert quality.main(["--corpus", str(tmp_path / "missing.json")]) == 2
-    assert quality.main(["--corpus-case", "gradnorm_3d", "--profile", str(tmp_path / "nope.json")]) == 2
+    assert main(["bench", "--part", "quality", "--corpus", str(tmp_path / "missing.json")]) == 2
+    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--profile",
+                 str(tmp_path / "nope.json")]) == 2
     assert "--profile" in capsys.readouterr().err
 
 
-def test_bench_part_quality(tmp_path, capsys):
-    """Wired as `redist-opt bench --part quality` beside the bench's own options."""
-    from redist_opt.tools.cli import main
-
+def test_harness_command(tmp_path):
     out = tmp_path / "q.md"
-    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--no-verify",
-                 "--profile", "gloo", "--report", str(out)]) == 0
-    assert "cost model 'gloo'" in out.read_text()
-    assert main(["bench", "--part", "quality", "--corpus-case", "nope"]) == 2
-
-
-def test_arguments_fit_beside_the_bench_options():
-    """The lead wires them into `redist-opt bench`, which has its own --case/--json/--profile."""
-    import argparse
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--case", action="append")
-    p.add_argument("--json")
-    p.add_argument("--profile")
-    quality.add_quality_arguments(p, common=False)  # no argparse conflict
-    args = p.parse_args(["--corpus-case", "hsdp_grad", "--profile", "gloo", "--json", "x.json"])
-    assert args.corpus_case == ["hsdp_grad"] and args.profile == "gloo" and args.report is None
+    assert harness_run.main(["--corpus-case", "gradnorm_3d", "--no-verify", "--report", str(out)]) == 0
+    assert "torch's side: DTensor.redistribute run" in out.read_text()
 
 
 def test_sim_shapes():
     # even dims shrink to the product of the mesh dims sharding them, unsharded dims to 1,
     # uneven dims keep their size
-    assert BY_ID["jagged_5x8_param"].sim_shape() == ((4096, 8), 14336 // 8)  # 4096 % 5 != 0
-    assert BY_ID["hsdp_grad"].sim_shape() == ((4, 1), 14336 * 4096 // 4)
-    assert BY_ID["ep_dispatch_borrow_cp"].sim_shape() == ((4, 4, 1), 64 * 2048 * 4096 // 16)
-    assert BY_ID["gradnorm_3d"].sim_shape() == ((), 1)
+    sim = harness_run.sim_shape
+    assert sim(BY_ID["jagged_5x8_param"]) == ((4096, 8), 14336 // 8)  # 4096 % 5 != 0
+    assert sim(BY_ID["hsdp_grad"]) == ((4, 1), 14336 * 4096 // 4)
+    assert sim(BY_ID["ep_dispatch_borrow_cp"]) == ((4, 4, 1), 64 * 2048 * 4096 // 16)
+    assert sim(BY_ID["gradnorm_3d"]) == ((), 1)
 
 
 def test_verify_failures_are_reported(result):

@@ -1,12 +1,12 @@
-"""Decision accuracy of a cost profile: ``redist-opt calibrate --check`` / ``bench --part decisions``.
+"""Decision accuracy of a cost profile: ``python -m benchmarks.decisions [--profile P ...]``.
 
 A profile is trusted for what it decides: between two plans of one redistribution,
 which one is faster. This module collects the alternatives the pipeline chooses
 between, runs each on live gloo process groups and counts how often the profile's
 choice was the measured faster one.
 
-* Cases: the 8-rank cases of ``fixtures/corpus.json`` plus a few on 2x2x2 and 2x4
-  meshes, each scaled to a few global sizes (tiny to medium, float32).
+* Cases: the 8-rank cases of the quality corpus (``redist_opt/tools/corpus.json``)
+  plus a few on 2x2x2 and 2x4 meshes, each scaled to a few global sizes (tiny to medium, float32).
 * Alternatives of a case: torch's plan with its merge pass off (separate collectives),
   torch 2.13's shipped merges (``ir.torch_merge``), and the pipeline's result under
   the nccl and gloo profiles and every profile being judged, with and without the
@@ -25,10 +25,13 @@ choice was the measured faster one.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
+import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 
@@ -40,7 +43,8 @@ import redist_opt
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.runtime.execute import execute
-from redist_opt.tools.corpus import DEFAULT_CORPUS, load_corpus
+from redist_opt.tools.args import CliError, load_profile, mesh_spec
+from redist_opt.tools.corpus import load_corpus
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, timed_samples
 
@@ -79,8 +83,6 @@ class DecisionCase:
     shape: tuple[int, ...]
 
     def spec(self) -> redist_opt.MeshSpec:
-        from redist_opt.tools.args import mesh_spec
-
         return mesh_spec(self.mesh, list(self.flatten))
 
 
@@ -93,7 +95,7 @@ def _scaled(shape: Sequence[int], target: int, itemsize: int = 4) -> tuple[int, 
     return tuple(shape)
 
 
-def decision_cases(corpus: str = DEFAULT_CORPUS, targets: Sequence[int] = DEFAULT_TARGETS) -> list[DecisionCase]:
+def decision_cases(corpus: str | None = None, targets: Sequence[int] = DEFAULT_TARGETS) -> list[DecisionCase]:
     """The corpus's 8-rank cases and the extra ones, each at every target size (scalars once)."""
     raw = [(c.id, c.mesh, tuple(c.flatten), c.src, c.dst, tuple(c.shape))
            for c in load_corpus(corpus) if c.num_ranks == RANKS]  # fmt: skip
@@ -286,14 +288,10 @@ def told_apart(models: Sequence[CostModel], sources: Sequence[str]) -> list[Cost
 
 
 def cmd_decisions(args) -> int:
-    """``redist-opt calibrate --check [--profile P ...]`` and ``redist-opt bench --part decisions``."""
-    import json
-
-    from redist_opt.tools.args import load_profile
-
-    names = args.profile if isinstance(args.profile, list) else [args.profile] if args.profile else ["gloo"]
+    """``python -m benchmarks.decisions``: exit 0, 1 when the alternatives' results disagree."""
+    names = args.profile or ["gloo"]
     models = told_apart([load_profile("--profile", n) for n in names], names)
-    cases = decision_cases(getattr(args, "corpus", None) or DEFAULT_CORPUS)
+    cases = decision_cases(args.corpus)
     print(f"decision accuracy: {len(cases)} cases (corpus 8-rank cases and 2x2x2 / 2x4 extras at "
           f"{', '.join(str(t) for t in DEFAULT_TARGETS)} bytes), profiles {', '.join(m.name for m in models)}; "
           f"8 gloo ranks ...", flush=True)  # fmt: skip
@@ -310,3 +308,25 @@ def cmd_decisions(args) -> int:
             f.write("\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decisions", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", action="append",
+                        help="a profile to judge (nccl, gloo, gloo-ring or a JSON file from `redist-opt calibrate`; "
+                        "repeatable; default gloo)")
+    parser.add_argument("--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)")
+    parser.add_argument("--iters", type=int, default=7, help="timed samples per alternative (default 7)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per alternative first (default 2)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up on the ranks")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        return cmd_decisions(args)
+    except CliError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,17 +1,32 @@
-"""The quality bench, torch's side: its shipped redistribute run and recorded.
+"""``python -m benchmarks.quality``: the quality bench with torch's side run, not modelled.
 
-``DTensor.redistribute`` as shipped (its transform-merge pass on) runs under
+``redist-opt bench --part quality`` (:mod:`redist_opt.tools.quality`) prices torch's
+shipped plan as ``torch_merged_plan`` models it. This harness runs
+``DTensor.redistribute`` as shipped (its transform-merge pass on) under
 ``LocalTensorMode`` on the ``fake`` backend, over a DeviceMesh that has the case's
 flattened groups, at the case's simulation shape; a ``CommDebugMode`` subclass
 records every collective (kind, process group -> mesh dims, bytes each rank feeds
-in). With ``verify``, our plans of the simulation shape run the same way and must
-issue exactly the collectives and bytes they claim.
+in). The report is the same; its totals equal the shipped command's when the model
+is exact. With verification (the default), our plans of the simulation shape run
+the same way and must issue exactly the collectives and bytes they claim.
+
+Scaling. LocalTensorMode keeps every rank's tensors in this process, so torch
+runs on a *simulation shape*: each tensor dim that no mesh dim shards (in src or
+dst) becomes 1, each evenly sharded dim becomes the product M of the mesh sizes
+sharding it, and unevenly sharded dims keep their real size. Every local chunk
+of every collective then scales by the same integer factor (chunk sizes are L/n
+with n | M on scaled dims and identical on kept dims), and torch's decisions
+(which depend only on divisibility) are unchanged, so torch's bytes at the real
+shape are the recorded bytes times that factor.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import itertools
 import math
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -26,10 +41,12 @@ import redist_opt
 from redist_opt.ir.layout import rank_lists
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor
+from redist_opt.tools import quality
 from redist_opt.tools.corpus import CorpusCase
-from redist_opt.tools.quality_ours import POLICIES, op_str
+from redist_opt.tools.quality_plans import POLICIES, op_str
+from redist_opt.tools.spawn import quiet_torch_logs
 
-__all__ = ["SIM_WORLD", "ensure_fake_pg", "run_torch"]
+__all__ = ["SIM_WORLD", "sim_shape", "ensure_fake_pg", "run_torch", "quality_bench", "main"]
 
 # Simulated process-group world: larger than any corpus mesh, so no case's mesh is
 # the default (world) group and the groups that exist are exactly the case's
@@ -77,6 +94,23 @@ def _max_bytes(t) -> int:
     else:
         tensors = [t]
     return max(x.numel() * x.element_size() for x in tensors)
+
+
+def sim_shape(case: CorpusCase) -> tuple[tuple[int, ...], int]:
+    """(simulation shape, integer factor real bytes / simulated bytes); see the module doc."""
+    src, dst = case.placements()
+    sizes = case.spec().sizes
+    sim = []
+    for d, length in enumerate(case.shape):
+        m = math.prod(n for n, a, b in zip(sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b)))
+        if m == 1:
+            sim.append(min(length, 1))
+        elif length % m == 0:
+            sim.append(m)
+        else:
+            sim.append(length)
+    sim_numel, numel = math.prod(sim), math.prod(case.shape)
+    return tuple(sim), (numel // sim_numel if sim_numel else 1)
 
 
 def ensure_fake_pg() -> None:
@@ -160,11 +194,27 @@ def _group_of(name, table):
     return table[ranks]
 
 
+def torch_side(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
+    """:data:`redist_opt.tools.quality.TorchSide` run: torch's row, and the case row's
+    simulation shape, scale and (if ``verify``) our simulation-shape plans' checks."""
+    sim, scale = sim_shape(case)
+    extra = dict(sim_shape=list(sim), scale=scale)
+    world = dist.get_world_size()
+    if case.num_ranks == world:
+        extra["note"] = "the mesh is the whole (fake) world: the world group also exists for ours"
+    if case.num_ranks > world:
+        return dict(status="skipped", reason=f"mesh has {case.num_ranks} ranks > process group world {world}"), extra
+    row, checks = run_torch(case, model, verify)
+    if checks:
+        extra["verify"] = checks
+    return row, extra
+
+
 def run_torch(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
     """torch's shipped redistribute at the simulation shape; and (if verify) our sim plans run."""
     spec = case.spec()
     src, dst = case.placements()
-    sim, scale = case.sim_shape()
+    sim, scale = sim_shape(case)
     dtype = case.torch_dtype()
     checks: dict = {}
     with LocalTensorMode(spec.num_ranks) as lm:
@@ -228,3 +278,41 @@ def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh) -> dict:
         checks[policy] = dict(ok=got == want and rec.get_total_counts() == len(rec.calls),
                               executed=got, planned=want)
     return checks
+
+
+RUN = "DTensor.redistribute run under LocalTensorMode on the fake backend at the simulation shape, recorded"
+
+
+def _torch_run(verify: bool) -> dict:
+    """:func:`redist_opt.tools.quality.quality_bench`'s options for torch's side run
+    (the fake world set up first)."""
+    ensure_fake_pg()
+    return dict(torch_side=functools.partial(torch_side, verify=verify), torch_side_name=RUN)
+
+
+def quality_bench(cases, *, cost_model=None, verify: bool = True, progress=None) -> dict:
+    """:func:`redist_opt.tools.quality.quality_bench` with torch's side run (see the module doc)."""
+    with quiet_torch_logs():
+        return quality.quality_bench(cases, cost_model=cost_model, progress=progress, **_torch_run(verify))
+
+
+def main(argv=None) -> int:
+    """Exit 0, 1 when ours is worse on some case or a verification failed, 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)")
+    parser.add_argument("--corpus-case", action="append", metavar="ID", help="only this case (repeatable)")
+    parser.add_argument("--category", action="append", metavar="NAME", choices=quality.CATEGORIES,
+                        help="only this category (repeatable)")
+    parser.add_argument("--profile", metavar="PROFILE",
+                        help="cost profile: nccl (default), gloo, gloo-ring or a JSON file from `redist-opt calibrate`")
+    parser.add_argument("--devices-per-host", type=int, metavar="N", help="ranks per host for the cost model")
+    parser.add_argument("--no-verify", action="store_true", help="skip executing our simulation-shape plans")
+    parser.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
+    parser.add_argument("--report", metavar="FILE", help="write the markdown report here (default stdout)")
+    args = parser.parse_args(argv)
+    with quiet_torch_logs():
+        return quality.cmd_quality(args, **_torch_run(verify=not args.no_verify))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
-"""``redist-opt bench --part autoparallel``: autoparallel's example ``Block`` with redist_opt.
+"""``python -m benchmarks.autoparallel_check``: autoparallel's example ``Block`` with redist_opt.
 
-Runs :mod:`redist_opt.tools.autoparallel_block` (three builds: autoparallel as
+Runs :mod:`benchmarks.autoparallel_block` (three builds: autoparallel as
 shipped, ``compiler_fn`` only, ``enabled()`` + ``compiler_fn``) in two settings:
 
 - ``fake``: one process in a fake process group (rank 0 of 8) on a 2x4 (dp, tp)
@@ -18,6 +18,7 @@ name is another project); without it this prints how to install it and exits 2.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import multiprocessing
@@ -25,7 +26,7 @@ import sys
 import traceback
 from collections import Counter
 
-from redist_opt.tools.autoparallel_block import BUILDS, REFERENCE, BlockDims, check_rank, example_path
+from benchmarks.autoparallel_block import BUILDS, REFERENCE, BlockDims, check_rank, example_path
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 
 __all__ = ["INSTALL_STEPS", "SETTINGS", "autoparallel_missing", "run_setting", "format_report", "cmd_autoparallel"]
@@ -240,10 +241,10 @@ def _comparison_lines(result: dict) -> list[str]:
 
 
 def cmd_autoparallel(args) -> int:
-    """``redist-opt bench --part autoparallel``."""
+    """``python -m benchmarks.autoparallel_check``: exit 0, 1 when the ranks failed, 2 without autoparallel."""
     missing = autoparallel_missing()
     if missing:
-        print(f"redist-opt bench --part autoparallel: {missing}", file=sys.stderr)
+        print(f"benchmarks.autoparallel_check: {missing}", file=sys.stderr)
         return 2
     settings = args.ap_setting or ["fake", "gloo"]
     results = []
@@ -252,7 +253,7 @@ def cmd_autoparallel(args) -> int:
         try:
             result = run_setting(name, groups=args.ap_groups, timeout=max(args.timeout, 1800.0))
         except SpawnError as e:
-            print(f"redist-opt bench --part autoparallel: {e}", file=sys.stderr)
+            print(f"benchmarks.autoparallel_check: {e}", file=sys.stderr)
             return 1
         results.append(result)
         print(format_report(result) + "\n", flush=True)
@@ -264,10 +265,17 @@ def cmd_autoparallel(args) -> int:
     return 0
 
 
-def add_autoparallel_arguments(p) -> None:
-    p.add_argument("--ap-setting", action="append", choices=list(SETTINGS),
-                   help="--part autoparallel: fake (2x4, the example's sizes, graphs only), gloo "
-                   "(4 ranks, 2x2, a real step) or gloo8 (8 ranks, 2x4, a real step); repeatable, "
-                   "default fake and gloo")  # fmt: skip
-    p.add_argument("--ap-groups", default="existing", choices=["existing", "create"],
-                   help="--part autoparallel: compiler_fn/enabled groups (default existing)")  # fmt: skip
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.autoparallel_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--ap-setting", action="append", choices=list(SETTINGS),
+                        help="fake (2x4, the example's sizes, graphs only), gloo (4 ranks, 2x2, a real step) or "
+                        "gloo8 (8 ranks, 2x4, a real step); repeatable, default fake and gloo")  # fmt: skip
+    parser.add_argument("--ap-groups", default="existing", choices=["existing", "create"],
+                        help="compiler_fn/enabled groups (default existing)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up on the ranks")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    return cmd_autoparallel(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
