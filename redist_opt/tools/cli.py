@@ -17,7 +17,7 @@ import redist_opt
 from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools import autoparallel_check, bench, decisions, quality, step_bench
+from redist_opt.tools import autoparallel_check, bench, decisions, quality
 from redist_opt.tools.advise import add_advise_command
 from redist_opt.tools.args import CliError, cost_model, load_profile, mesh_spec, parse_dtype, parse_mesh
 from redist_opt.tools.args import parse_shape, parse_size_list
@@ -230,8 +230,6 @@ def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
 
 
 def cmd_bench(args) -> int:
-    if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
-        return step_bench.cmd_step(args)
     if args.part == "autoparallel":  # autoparallel's example Block (tools/autoparallel_check.py)
         return autoparallel_check.cmd_autoparallel(args)
     if args.part == "quality":  # the corpus against torch's shipped redistribute (tools/quality.py)
@@ -328,10 +326,9 @@ def _add_calibrate_arguments(p) -> None:
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality", "step", "decisions", "autoparallel"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality", "decisions", "autoparallel"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
-        "against torch's shipped redistribute, see docs/quality.md; step: torchtitan training "
-        "steps on 8 gloo ranks, see docs/step_bench.md; autoparallel: its example Block with "
+        "against torch's shipped redistribute, see docs/quality.md; autoparallel: its example Block with "
         "compiler_fn and enabled(), see docs/autoparallel.md)",
     )  # fmt: skip
     p.add_argument(
@@ -351,7 +348,6 @@ def _add_bench_arguments(p) -> None:
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
     # --corpus, --corpus-case, --category, --devices-per-host, --no-verify, --report
     quality.add_quality_arguments(p, common=False)
-    step_bench.add_step_arguments(p)  # --step-config, --step-mode, --steps
     autoparallel_check.add_autoparallel_arguments(p)  # --ap-setting, --ap-groups
 
 

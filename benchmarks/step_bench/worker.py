@@ -18,8 +18,8 @@ import torch
 
 import redist_opt
 from redist_opt.graph import graph_pass
-from redist_opt.tools.step_bench import model as M
-from redist_opt.tools.step_bench import wire
+from benchmarks.step_bench import model as M
+from benchmarks.step_bench import wire
 
 MODES = ("plain", "existing", "compiled", "compiled_ours", "create")
 

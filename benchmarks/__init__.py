@@ -1,0 +1,1 @@
+"""Benchmarks and harnesses run from a checkout (outside the shipped package)."""
