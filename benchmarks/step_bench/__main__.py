@@ -20,7 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the step instead: torch and redist_opt interleaved, ratios with 95%% intervals "
         "(a markdown table; default configs: the 4-rank wall configs)",
     )  # fmt: skip
-    p.add_argument("--rounds", type=int, default=30, help="--wall: timed rounds, one step per variant each (default 30)")
+    p.add_argument(
+        "--rounds", type=int, default=30, help="--wall: timed rounds, one step per variant each (default 30)"
+    )
     p.add_argument(
         "--wall-compiler", action="append", choices=wall.COMPILERS,
         help="--wall: eager (enabled() per step), inductor or aot_eager (repeatable; default all)",

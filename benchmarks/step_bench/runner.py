@@ -133,7 +133,8 @@ def _header(results: list, steps: int, warmup: int) -> str:
     stubbed = sorted({s for res in results for r in res["rows"] for s in r["stubbed"]})
     lines = [
         "",
-        f"torchtitan {TORCHTITAN_VERSION} llama3 debug model shrunk (dim 128 unless the config says, 2 layers, seq 64, SDPA), "
+        f"torchtitan {TORCHTITAN_VERSION} llama3 debug model shrunk (dim 128 unless the config says, "
+        "2 layers, seq 64, SDPA), "
         "gloo ranks as the mesh says; per step: collectives counted on the wire (last step), "
         f"wall = median of steps {warmup + 1}..{steps}; loss vs base: every step on every rank "
         "(base: plain for eager and compiled, compiled for compiled_ours)",

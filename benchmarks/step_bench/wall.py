@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import warnings
 
@@ -52,6 +53,8 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
     logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="DTensor random operators")
     warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, on every rank
     _separate_compile_caches()
     model, dims = M.build(cfg, world)
     _force_sum_reduction(model)

@@ -116,6 +116,9 @@ def cmd_wall(args, configs: list) -> int:
         f"gloo collective in flight / step, median of {PROFILE_STEPS} profiled steps on every rank.\n"
     )
     print(format_markdown(results))
+    stubbed = sorted({s for res in results for s in res["stubbed"]})
+    if stubbed:
+        print(f"\nstubbed in the ranks (not installed, unused on CPU): {', '.join(stubbed)}")
     if args.json:
         import json
 
