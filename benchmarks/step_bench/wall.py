@@ -32,7 +32,7 @@ import torch.distributed as dist
 import redist_opt
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import stats, wire
-from benchmarks.step_bench.worker import _batches, _force_sum_reduction, _train_step
+from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
 
 COMPILERS = ("eager", "inductor", "aot_eager")
 SIDES = ("torch", "ours")
@@ -57,11 +57,11 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, on every rank
     _separate_compile_caches()
     model, dims = M.build(cfg, world)
-    _force_sum_reduction(model)
+    force_sum_reduction(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     blocks = list(model.layers.children())
     impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers)}
-    batches = _batches(dims, 4)
+    batches = batches_for(dims, 4)
     out: dict = {"rank": rank, "stubbed": stubbed, "errors": {}, "walls": {}, "collectives": {}, "comm": {}}
     step_no = 0
 
@@ -74,7 +74,7 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
         step_no += 1
         t0 = time.perf_counter()
         with route:
-            _train_step(model, opt, dims, *data)
+            train_step(model, opt, dims, *data)
         return time.perf_counter() - t0
 
     live = []
