@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import warnings
 
@@ -54,7 +53,6 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
     warnings.filterwarnings("ignore", message="DTensor random operators")
     warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
     warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, on every rank
     _separate_compile_caches()
     model, dims = M.build(cfg, world)
     force_sum_reduction(model)
