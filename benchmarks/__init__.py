@@ -1,1 +1,2 @@
-"""Benchmarks and harnesses run from a checkout (outside the shipped package)."""
+"""Benchmarks and harnesses of redist_opt, outside the shipped package: run them from a
+checkout (``python -m benchmarks.decisions``); see benchmarks/README.md."""

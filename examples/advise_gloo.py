@@ -18,7 +18,7 @@ reduced by redistributing them to the parameters' placements):
    "torch 2.13 alone, advised groups" column).
 
 Collectives per step are counted twice, by ``CommDebugMode`` and by a c10d dispatch
-counter (:class:`~redist_opt.tools.step_bench.wire.WireCounter`), on every rank. The
+counter (:class:`~benchmarks.step_bench.wire.WireCounter`), on every rank. The
 report compares them with the advice's prediction, and the losses of every run.
 ``--out DIR`` keeps the merged recording (``step.json``) and the advice as text,
 JSON and SVG, so ``redist-opt advise DIR/step.json --profile nccl`` reproduces it.
@@ -47,7 +47,10 @@ from redist_opt.api.recording import Recording
 from redist_opt.debug.svg import write_text
 from redist_opt.ir.cost import PROFILE_ENV, CostModel
 from redist_opt.tools.spawn import run_ranks
-from redist_opt.tools.step_bench.wire import WireCounter
+
+# The c10d collective counter is the step bench's, in this checkout's benchmarks/ folder.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.step_bench.wire import WireCounter  # noqa: E402
 
 __all__ = ["build_mesh", "MLP", "run", "predicted", "per_step", "loss_agreement", "format_report", "main"]
 

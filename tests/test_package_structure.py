@@ -211,14 +211,9 @@ def _stubs_sys_modules(tree) -> list[int]:
     return lines
 
 
-# The step bench (which stubs torchtitan's optional imports) leaves the package for
-# benchmarks/ on its own branch; until that merges its files are not checked here.
-_LEAVING = "tools/step_bench/"
-
-
 def test_no_shipped_module_stubs_sys_modules():
     stubbing = {
-        _rel(p): lines for p in MODULES if not _rel(p).startswith(_LEAVING)
+        _rel(p): lines for p in MODULES
         for lines in [_stubs_sys_modules(ast.parse(p.read_text()))] if lines
     }
     assert not stubbing, stubbing

@@ -18,7 +18,6 @@ import redist_opt
 from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools import step_bench
 from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model
 from redist_opt.tools.args import mesh_spec, parse_dtype, parse_shape
 from redist_opt.tools.corpus import CATEGORIES
@@ -142,8 +141,6 @@ def _command(target: str):
 
 
 def cmd_bench(args) -> int:
-    if args.part == "step":  # real training steps of torchtitan (tools/step_bench)
-        return step_bench.cmd_step(args)
     if args.part == "quality":  # the corpus against torch's shipped plan (tools/quality.py)
         return _command("redist_opt.tools.quality:cmd_quality")(args)
     return _command("redist_opt.tools.bench:cmd_bench")(args)  # planning and wall
@@ -206,10 +203,9 @@ def _add_calibrate_arguments(p) -> None:
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality", "step"],
+        "--part", default="all", choices=["all", "planning", "wall", "quality"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
-        "against torch's shipped redistribute, see docs/quality.md; step: torchtitan training "
-        "steps on 8 gloo ranks, see docs/step_bench.md)",
+        "against torch's shipped redistribute, see docs/quality.md)",
     )  # fmt: skip
     p.add_argument(
         "--sizes", default=DEFAULT_BENCH_SIZES,
@@ -227,7 +223,6 @@ def _add_bench_arguments(p) -> None:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds before giving up on the ranks")
     _add_quality_arguments(p)
-    step_bench.add_step_arguments(p)  # --step-config, --step-mode, --steps
 
 
 def _add_quality_arguments(p) -> None:

@@ -18,8 +18,8 @@ import torch
 
 import redist_opt
 from redist_opt.graph import graph_pass
-from redist_opt.tools.step_bench import model as M
-from redist_opt.tools.step_bench import wire
+from benchmarks.step_bench import model as M
+from benchmarks.step_bench import wire
 
 MODES = ("plain", "existing", "compiled", "compiled_ours", "create")
 
@@ -57,7 +57,7 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int,
     torch._dynamo.reset()
     redist_opt.clear_caches()
     model, dims = M.build(cfg, world, compile_backend=_compile_backend(mode))
-    _force_sum_reduction(model)
+    force_sum_reduction(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     counter = wire.WireCounter()
     log = wire.TransitionLog(counter)
@@ -69,14 +69,14 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int,
     if routed:  # entered after: enabled() and the backend install what is patched at their entry
         recorder.enter_context(wire.record_routed_transitions(log))
     route = redist_opt.enabled(groups=mode) if mode in ("existing", "create") else contextlib.nullcontext()
-    data = _batches(dims, steps)
+    data = batches_for(dims, steps)
     res = {"losses": [], "walls": [], "steps": []}
     with _capture_graph_pass(graph_results), recorder, route:
         for step in range(steps):
             window, gnorm = wire.Window(counter, log), wire.Window(counter, log)
             t0 = time.perf_counter()
             with counter, window:
-                loss = _train_step(model, opt, dims, *data[step], gnorm=gnorm)
+                loss = train_step(model, opt, dims, *data[step], gnorm=gnorm)
             res["walls"].append(time.perf_counter() - t0)
             res["losses"].append(_local_value(loss))
             res["steps"].append({**window.summary(), "gnorm": gnorm.summary()})
@@ -89,7 +89,7 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int,
     return res
 
 
-def _force_sum_reduction(model) -> None:
+def force_sum_reduction(model) -> None:
     """gloo has no PREMUL_SUM: FSDP2 must divide after a SUM reduce-scatter."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -98,7 +98,7 @@ def _force_sum_reduction(model) -> None:
             m.set_force_sum_reduction_for_comms(True)
 
 
-def _batches(dims, steps: int) -> list:
+def batches_for(dims, steps: int) -> list:
     """Token batches: one per data-parallel rank (the same on its tensor-parallel ranks)."""
     batch_rank = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
     g = torch.Generator().manual_seed(1000 + batch_rank)
@@ -108,7 +108,7 @@ def _batches(dims, steps: int) -> list:
     ]
 
 
-def _train_step(model, opt, dims, inputs, labels, gnorm=contextlib.nullcontext()):
+def train_step(model, opt, dims, inputs, labels, gnorm=contextlib.nullcontext()):
     """torchtitan's train step: token count over the batch mesh, forward, loss, backward,
     ``clip_grad_norm_`` (inside ``gnorm``, which counts its collectives) and the optimizer step."""
     from torchtitan.components.loss import cross_entropy_loss

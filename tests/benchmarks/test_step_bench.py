@@ -1,9 +1,9 @@
-"""The step bench (redist-opt bench --part step) on torchtitan's own training step."""
+"""The step bench (python -m benchmarks.step_bench) on torchtitan's own training step."""
 
 import pytest
 
-from redist_opt.tools import step_bench
-from redist_opt.tools.cli import main
+from benchmarks import step_bench
+from benchmarks.step_bench.__main__ import main
 
 MISSING = step_bench.torchtitan_missing()
 
@@ -11,8 +11,12 @@ MISSING = step_bench.torchtitan_missing()
 def test_parse_config():
     cfg = step_bench.parse_config("fsdp2_tp:1x4x2")
     assert (cfg.name, cfg.dp_replicate, cfg.dp_shard, cfg.tp) == ("fsdp2_tp", 1, 4, 2)
-    with pytest.raises(ValueError, match="8 ranks"):
-        step_bench.parse_config("fsdp2_tp:2x2x1")
+    with pytest.raises(ValueError, match="4 or 8 ranks"):
+        step_bench.parse_config("fsdp2_tp:2x3x1")
+    wide = step_bench.parse_config("fsdp2_tp:1x2x2:1024")
+    assert (wide.world, wide.dim, wide.label) == (4, 1024, "fsdp2_tp 1x2x2 dim 1024")
+    with pytest.raises(ValueError, match="multiple of 8 heads x tp = 16"):
+        step_bench.parse_config("fsdp2_tp:1x2x2:100")
     with pytest.raises(ValueError, match="unknown step config"):
         step_bench.parse_config("ddp:2x2x2")
     classic = step_bench.parse_config("tp_classic")
@@ -41,12 +45,13 @@ def test_violations_name_what_misses_the_bar():
 
 
 def test_missing_torchtitan_says_what_to_install(monkeypatch, capsys):
-    from redist_opt.tools.step_bench import runner
+    from benchmarks.step_bench import runner
 
     monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
-    assert main(["bench", "--part", "step"]) == 2
-    err = capsys.readouterr().err
-    assert 'pip install -c constraints.txt -e ".[frameworks]"' in err
+    for argv in ([], ["--wall"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert 'pip install -c constraints.txt -e ".[frameworks]"' in err
 
 
 @pytest.mark.slow

@@ -39,14 +39,19 @@ class StepConfig:
     dp_replicate: int
     dp_shard: int
     tp: int
+    dim: int = DIM  # the model's hidden size (its FFN width follows from it)
 
     @property
     def mesh(self) -> str:
         return f"{self.dp_replicate}x{self.dp_shard}x{self.tp}"
 
     @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
     def label(self) -> str:
-        return f"{self.name} {self.mesh}"
+        return f"{self.name} {self.mesh}" + (f" dim {self.dim}" if self.dim != DIM else "")
 
 
 def import_torchtitan() -> list[str]:
@@ -114,8 +119,9 @@ class _Anything(types.ModuleType):
         return (object,)
 
 
-def model_config(fuse_qkv: bool = True):
-    """llama3 'debugmodel' built by torchtitan's own helpers: dim 128, 2 layers, SDPA attention.
+def model_config(fuse_qkv: bool = True, dim: int = DIM):
+    """llama3 'debugmodel' built by torchtitan's own helpers: dim 128 (or ``dim``), 2 layers,
+    SDPA attention.
 
     ``fuse_qkv=False``: separate q, k, v projections (classic tensor parallelism shards each).
     """
@@ -132,20 +138,20 @@ def model_config(fuse_qkv: bool = True):
     layers = _build_llama3_layers(
         fuse_qkv=fuse_qkv,
         n_layers=N_LAYERS,
-        dim=DIM,
+        dim=dim,
         n_heads=N_HEADS,
-        hidden_dim=compute_ffn_hidden_dim(DIM, multiple_of=256),
-        rope=ComplexRoPE.Config(dim=DIM // N_HEADS, max_seq_len=SEQ * 4, theta=500000, scaling="llama"),
+        hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+        rope=ComplexRoPE.Config(dim=dim // N_HEADS, max_seq_len=SEQ * 4, theta=500000, scaling="llama"),
         attn_backend="flex",  # swapped for SDPA below: flex attention has no CPU backward
     )
     for layer in layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     return Llama3Model.Config(
-        dim=DIM,
+        dim=dim,
         vocab_size=VOCAB,
-        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=_EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=DIM, param_init=_NORM_INIT),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_output_linear_init(DIM)),
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB, param_init=_output_linear_init(dim)),
         layers=layers,
     )
 
@@ -191,7 +197,7 @@ def build(cfg: StepConfig, world: int, compile_backend=None):
         dims = _parallel_dims[key] = ParallelDims.from_config(parallelism, world)
         dims.build_mesh()
     dist_utils.set_spmd_backend(spmd_backend)
-    config = model_config(fuse_qkv=cfg.name != "tp_classic")
+    config = model_config(fuse_qkv=cfg.name != "tp_classic", dim=cfg.dim)
     config.update_from_config(config=types.SimpleNamespace(parallelism=parallelism, training=training))
     with torch.device("meta"):
         model = config.build()

@@ -1,0 +1,140 @@
+"""One rank of the wall benchmark: torch's step and ours, interleaved on one model.
+
+A *variant* is a compiler and a side:
+- ``eager``: torch's step, and the same step inside ``with redist_opt.enabled():``, entered
+  once per step around the whole step, as the README shows it;
+- ``inductor``: every TransformerBlock compiled with ``torch.compile`` (Inductor), and with
+  ``torch.compile(backend=redist_opt.backend())`` (its default inner compiler, Inductor);
+- ``aot_eager``: the same with ``backend="aot_eager"`` and ``redist_opt.backend("aot_eager")``.
+
+All variants share one model, optimizer and rank processes: a block runs the compiled
+callable of the step's variant (``nn.Module.compile`` keeps it in ``_compiled_call_impl``;
+None runs the block eagerly). Dynamo keeps the two backends' graphs apart (its
+backend-match guard); Inductor's FX graph cache and AOTAutograd's cache are turned off
+so that the two compiles can never share an artifact. Every variant first runs its
+warm-up steps (the compiles happen there); then rounds of one step per variant, in
+:func:`stats.interleaved_order`, each step after a barrier. Afterwards every variant runs
+one step under the collective counter (the count shows each side ran its own graphs)
+and a few steps under the profiler (the communication share).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import redist_opt
+from benchmarks.step_bench import model as M
+from benchmarks.step_bench import stats, wire
+from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+
+COMPILERS = ("eager", "inductor", "aot_eager")
+SIDES = ("torch", "ours")
+PROFILE_STEPS = 3
+# what the profiler names a gloo collective's work, on the thread that runs it
+_COLLECTIVE_EVENT = "gloo:"
+
+
+def variant_names(compilers) -> list[str]:
+    """``eager/torch``, ``eager/ours``, ... in the order the rounds start with."""
+    return [f"{c}/{side}" for c in compilers for side in SIDES]
+
+
+def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds: int, warmup: int) -> dict:
+    """Spawned target: this rank's step times per variant, collectives per step, and the
+    communication share of profiled steps."""
+    stubbed = M.import_torchtitan()
+    logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="DTensor random operators")
+    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+    _separate_compile_caches()
+    model, dims = M.build(cfg, world)
+    force_sum_reduction(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    blocks = list(model.layers.children())
+    impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers)}
+    batches = batches_for(dims, 4)
+    out: dict = {"rank": rank, "stubbed": stubbed, "errors": {}, "walls": {}, "collectives": {}, "comm": {}}
+    step_no = 0
+
+    def step(name: str) -> float:
+        nonlocal step_no
+        for block, impl in zip(blocks, impls[name], strict=True):
+            block._compiled_call_impl = impl
+        route = redist_opt.enabled() if name == "eager/ours" else contextlib.nullcontext()
+        data = batches[step_no % len(batches)]
+        step_no += 1
+        t0 = time.perf_counter()
+        with route:
+            train_step(model, opt, dims, *data)
+        return time.perf_counter() - t0
+
+    live = []
+    for name in variant_names(compilers):
+        try:
+            for _ in range(warmup):
+                step(name)
+            live.append(name)
+        except Exception as e:  # noqa: BLE001 - a compile that fails on every rank alike is a result
+            out["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    out["walls"] = {name: [] for name in live}
+    out["order"] = stats.interleaved_order(live, rounds)
+    for order in out["order"]:
+        for name in order:
+            dist.barrier()
+            out["walls"][name].append(step(name))
+    for name in live:
+        counter = wire.WireCounter()
+        with counter:
+            step(name)
+        out["collectives"][name] = wire.summarize(counter.calls)
+        out["comm"][name] = [_profiled_share(step, name) for _ in range(PROFILE_STEPS)]
+    return out
+
+
+def _separate_compile_caches() -> None:
+    """The two sides compile the same blocks in one process: no cache may serve one side's
+    artifact to the other (Inductor's FX graph cache keys on the graph before custom passes).
+    Compile in this process (no worker pool per rank) and allow one cache entry per block
+    and variant."""
+    import torch._dynamo
+    import torch._functorch.config
+    import torch._inductor.config
+
+    torch._inductor.config.fx_graph_cache = False
+    torch._inductor.config.compile_threads = 1
+    torch._functorch.config.enable_autograd_cache = False
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 1024
+
+
+def _compiled_impls(blocks: list, name: str) -> list:
+    """Per block, what ``nn.Module.compile`` would keep for the variant ``name`` (None: eager)."""
+    compiler, side = name.split("/")
+    if compiler == "eager":
+        return [None] * len(blocks)
+    if side == "torch":
+        backend = compiler
+    else:
+        backend = redist_opt.backend() if compiler == "inductor" else redist_opt.backend(compiler)
+    return [torch.compile(block._call_impl, backend=backend) for block in blocks]
+
+
+def _profiled_share(step, name: str) -> float:
+    """The share of one step during which a collective is in flight: the union of the gloo
+    work intervals the profiler records (on gloo's threads) over the step's wall."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = step(name)
+    spans = [
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.name.startswith(_COLLECTIVE_EVENT)
+    ]
+    return min(1.0, stats.union_length(spans) * 1e-6 / wall)  # profiler times are in us

@@ -1,0 +1,130 @@
+"""The wall benchmark, driven from the checkout: spawn the ranks per config, then one
+markdown table of step-time ratios with their intervals."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from benchmarks.step_bench import stats
+from benchmarks.step_bench.model import StepConfig
+from benchmarks.step_bench.wall import COMPILERS, PROFILE_STEPS, run_wall
+
+# Where communication is a real share of the step: 4 ranks (2 per core). TP's share falls as
+# the hidden size grows (its collectives carry activations, ~dim, its matmuls cost ~dim^2);
+# FSDP's gathers carry parameters (~dim^2), so its share hardly moves (docs/step_wall.md).
+WALL_CONFIGS = (
+    StepConfig("tp_classic", 1, 1, 4, dim=512),
+    StepConfig("fsdp2_tp", 1, 2, 2, dim=1024),
+    StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024),
+)
+
+
+def run_wall_bench(configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, log=print) -> list:
+    """Every config's :func:`summarize` result, one spawned job per config."""
+    from redist_opt.tools.spawn import run_ranks
+
+    results = []
+    for cfg in configs:
+        t0 = time.monotonic()
+        log(f"running {cfg.label} on {cfg.world} gloo ranks: {', '.join(compilers)}, {rounds} rounds ...")
+        ranks = run_ranks(run_wall, cfg.world, (cfg, tuple(compilers), rounds, warmup), timeout=timeout)
+        results.append(summarize(cfg, ranks))
+        log(f"  done in {time.monotonic() - t0:.0f}s")
+    return results
+
+
+def summarize(cfg: StepConfig, ranks: list) -> dict:
+    """Per compiler: both sides' median step (slowest rank per step), the ratio torch/ours
+    with its bootstrap interval and verdict, the communication share of each side, and the
+    collectives per step."""
+    r0 = ranks[0]
+    rows = []
+    compilers = dict.fromkeys(name.split("/")[0] for name in [*r0["walls"], *r0["errors"]])
+    for compiler in compilers:
+        t_name, o_name = f"{compiler}/torch", f"{compiler}/ours"
+        errors = {n: r0["errors"][n] for n in (t_name, o_name) if n in r0["errors"]}
+        row: dict = {"config": cfg.label, "compiler": compiler, "errors": errors}
+        rows.append(row)
+        if errors:
+            continue
+        t = stats.per_step_max([r["walls"][t_name] for r in ranks])
+        o = stats.per_step_max([r["walls"][o_name] for r in ranks])
+        interval = stats.bootstrap_interval(t, o)
+        row.update(
+            torch_ms=1e3 * statistics.median(t),
+            ours_ms=1e3 * statistics.median(o),
+            ratio=stats.median_ratio(t, o),
+            interval=interval,
+            verdict=stats.verdict(interval),
+            rounds=len(t),
+            comm_torch=_share(ranks, t_name),
+            comm_ours=_share(ranks, o_name),
+            collectives_torch=r0["collectives"][t_name]["count"],
+            collectives_ours=r0["collectives"][o_name]["count"],
+            walls={"torch": t, "ours": o},
+        )
+    return {"config": cfg.label, "stubbed": r0["stubbed"], "rows": rows}
+
+
+def _share(ranks: list, name: str) -> float:
+    return statistics.median(s for r in ranks for s in r["comm"][name])
+
+
+def format_markdown(results: list) -> str:
+    head = (
+        "| config | compiler | torch ms | ours ms | torch/ours [95% CI] | verdict | comm share torch / ours "
+        "| collectives torch -> ours |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for res in results:
+        for r in res["rows"]:
+            if r["errors"]:
+                failed = "; ".join(f"{n}: {e[:100]}" for n, e in r["errors"].items())
+                lines.append(f"| {r['config']} | {r['compiler']} | | | FAILED | {failed} | | |")
+                continue
+            lo, hi = r["interval"]
+            lines.append(
+                f"| {r['config']} | {r['compiler']} | {r['torch_ms']:.1f} | {r['ours_ms']:.1f} "
+                f"| {r['ratio']:.3f}x [{lo:.3f}, {hi:.3f}] | {r['verdict']} "
+                f"| {r['comm_torch']:.0%} / {r['comm_ours']:.0%} "
+                f"| {r['collectives_torch']} -> {r['collectives_ours']} |"
+            )
+    return "\n".join(lines)
+
+
+def cmd_wall(args, configs: list) -> int:
+    from redist_opt.tools.spawn import SpawnError
+    from redist_opt.tools.timing import load_warning
+
+    compilers = tuple(args.wall_compiler) if args.wall_compiler else COMPILERS
+    warning = load_warning()
+    if warning:
+        print(warning + "\n", flush=True)
+    try:
+        results = run_wall_bench(
+            configs, compilers, rounds=args.rounds, warmup=args.warmup, timeout=args.timeout,
+            log=lambda s: print(s, flush=True),
+        )  # fmt: skip
+    except SpawnError as e:
+        print(f"step bench --wall: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"\nStep wall, {args.rounds} interleaved rounds after {args.warmup} warm-up steps per variant; "
+        "a step's time is its slowest rank's; ratio = median(torch) / median(ours), > 1: ours faster; "
+        f"interval: paired bootstrap ({stats.BOOTSTRAP_SAMPLES} resamples of rounds); comm share: time with a "
+        f"gloo collective in flight / step, median of {PROFILE_STEPS} profiled steps on every rank.\n"
+    )
+    print(format_markdown(results))
+    stubbed = sorted({s for res in results for s in res["stubbed"]})
+    if stubbed:
+        print(f"\nstubbed in the ranks (not installed, unused on CPU): {', '.join(stubbed)}")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"part": "wall", "rounds": args.rounds, "warmup": args.warmup, "results": results}, f, indent=1)
+            f.write("\n")
+        print(f"\nwrote {args.json}")
+    return 0

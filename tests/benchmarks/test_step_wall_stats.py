@@ -1,0 +1,88 @@
+"""The wall benchmark's statistics (benchmarks/step_bench/stats.py), on given times: no timing."""
+
+import pytest
+
+from benchmarks.step_bench import stats
+from benchmarks.step_bench.wall import variant_names
+from benchmarks.step_bench.wall_report import format_markdown, summarize
+from benchmarks.step_bench.model import StepConfig
+
+
+def test_rounds_alternate_the_order_so_neither_side_always_follows():
+    assert stats.interleaved_order(["A", "B"], 4) == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
+    names = variant_names(("eager", "inductor"))
+    assert names == ["eager/torch", "eager/ours", "inductor/torch", "inductor/ours"]
+    rounds = stats.interleaved_order(names, 30)
+    assert len(rounds) == 30 and all(sorted(r) == sorted(names) for r in rounds)
+    # each side runs first in half of the rounds, and every pair stays adjacent
+    torch_first = sum(r.index("eager/torch") < r.index("eager/ours") for r in rounds)
+    assert torch_first == 15
+    assert all(abs(r.index("inductor/torch") - r.index("inductor/ours")) == 1 for r in rounds)
+
+
+def test_ratio_is_torch_over_ours():
+    assert stats.median_ratio([2.0, 2.0, 9.0], [1.0, 1.0, 1.0]) == 2.0
+
+
+def test_a_clear_speedup_has_an_interval_above_one():
+    torch_times = [1.00 + 0.01 * (i % 5) for i in range(30)]
+    ours = [t / 1.2 for t in torch_times]
+    lo, hi = stats.bootstrap_interval(torch_times, ours)
+    assert lo == pytest.approx(1.2) and hi == pytest.approx(1.2)  # every round 1.2x: no spread
+    assert stats.verdict((lo, hi)) == "ours faster"
+    assert stats.verdict((0.7, 0.9)) == "ours slower"
+
+
+def test_noise_without_an_effect_is_no_change():
+    # the same 30 noisy times on both sides, paired in a different order
+    times = [1.0 + 0.1 * ((7 * i) % 11) for i in range(30)]
+    shuffled = times[10:] + times[:10]
+    interval = stats.bootstrap_interval(times, shuffled)
+    assert interval[0] < 1.0 < interval[1]
+    assert stats.verdict(interval) == "no change"
+    assert stats.verdict((1.0, 1.3)) == "no change"  # an end at 1 is inside
+
+
+def test_interval_brackets_the_ratio_and_is_reproducible():
+    torch_times = [1.0 + 0.05 * ((3 * i) % 7) for i in range(31)]
+    ours = [0.9 + 0.08 * ((5 * i) % 9) for i in range(31)]
+    lo, hi = stats.bootstrap_interval(torch_times, ours)
+    assert lo <= stats.median_ratio(torch_times, ours) <= hi
+    assert (lo, hi) == stats.bootstrap_interval(torch_times, ours)
+    assert (lo, hi) != stats.bootstrap_interval(torch_times, ours, seed=1)
+    with pytest.raises(ValueError, match="paired step times expected: 31 torch, 30 ours"):
+        stats.bootstrap_interval(torch_times, ours[:30])
+
+
+def test_a_step_lasts_as_long_as_its_slowest_rank():
+    assert stats.per_step_max([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
+
+
+def test_union_length_counts_overlaps_once():
+    assert stats.union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
+    assert stats.union_length([]) == 0
+
+
+def _rank(walls_torch, walls_ours, errors=None):
+    names = ("eager/torch", "eager/ours")
+    return {
+        "stubbed": [],
+        "errors": errors or {},
+        "walls": {} if errors else dict(zip(names, (walls_torch, walls_ours))),
+        "collectives": {n: {"count": c} for n, c in zip(names, (17, 11))},
+        "comm": {n: [0.3, 0.4, 0.5] for n in names},
+    }
+
+
+def test_summary_table_prints_ratio_interval_verdict_and_share():
+    cfg = StepConfig("tp_classic", 1, 1, 4, dim=512)
+    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
+    o = [x / 1.5 for x in t]
+    res = summarize(cfg, [_rank(t, o), _rank([x * 0.5 for x in t], o)])
+    [row] = res["rows"]
+    assert row["ratio"] == pytest.approx(1.5) and row["verdict"] == "ours faster"
+    text = format_markdown([res])
+    assert "| tp_classic 1x1x4 dim 512 | eager | 201.0 | 134.0 | 1.500x [1.500, 1.500] | ours faster" in text
+    assert "| 40% / 40% | 17 -> 11 |" in text
+    failed = summarize(cfg, [_rank(t, o, errors={"eager/ours": "RuntimeError: boom"})])
+    assert "FAILED | eager/ours: RuntimeError: boom" in format_markdown([failed])
