@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.tools.args import CliError, check_samples, parse_mesh, parse_size_list
-from redist_opt.tools.calibrate import calibrate, calibration_record, fit_profile, format_calibration
+from redist_opt.ir.cost_fit import fit_profile
+from redist_opt.tools.calibrate import calibrate, calibration_record, format_calibration
 from redist_opt.tools.calibrate import measure_collectives, summarize, validate_request
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs
 from redist_opt.tools.timing import DeviceChoice, load_warning, select_device
