@@ -13,7 +13,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 
-__all__ = ["spec_of", "as_spec", "recording_meshes", "meshes_seen", "clear_spec_cache"]
+__all__ = ["spec_of", "as_spec", "recording_meshes", "meshes_seen", "clear_spec_cache", "cache_generation"]
 
 # id(mesh) -> (weakref to the mesh, stamp, spec). Keyed by identity, not by
 # DeviceMesh equality: two equal meshes can have different roots and so
@@ -71,5 +71,18 @@ def as_spec(mesh) -> MeshSpec:
 
 
 def clear_spec_cache() -> None:
-    """Forget every cached MeshSpec (``redist_opt.clear_caches``)."""
+    """Forget every cached MeshSpec (``redist_opt.clear_caches``), and start a new
+    cache generation: state kept on compiler instances (the graph pass's agreement
+    rounds) resets itself when it sees one."""
+    global _generation
     _spec_cache.clear()
+    _generation += 1
+
+
+# How many times the caches were cleared: instances holding state compare it.
+_generation = 0
+
+
+def cache_generation() -> int:
+    """The number of ``redist_opt.clear_caches()`` calls so far."""
+    return _generation

@@ -80,6 +80,8 @@ class _RedistOptBackend:
         # graph pass resolves group names against these roots (a backward graph may
         # be compiled lazily, after the trace, so they are kept here).
         self._trace_meshes: dict = {}
+        # Cross-rank agreement on slice dims: one round per graph, counted per compiler.
+        self.agreement = graph_pass.SliceAgreement()
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
@@ -130,7 +132,7 @@ class _RedistOptBackend:
         run_graph_pass(
             gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
             cost=self.options["cost"], prefer=self.options["prefer"],
-            max_collectives=self.options["max_collectives"],
+            max_collectives=self.options["max_collectives"], agreement=self.agreement,
         )  # fmt: skip
 
 
@@ -165,7 +167,8 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch"
+    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch",
+    agreement=None,
 ) -> "graph_pass.GraphPassResult | None":
     """The compiled-graph pass on ``gm``, in place; its result, or None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
@@ -174,7 +177,8 @@ def run_graph_pass(
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
         return graph_pass.optimize_graph(
-            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives
+            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
+            agreement=agreement,
         )
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
