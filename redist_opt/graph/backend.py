@@ -34,6 +34,7 @@ import torch.fx as fx
 from redist_opt.api import check_groups, enabled, meshes_seen, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
+from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.ir import layout as L
 
 __all__ = ["backend", "collectives", "describe_collectives", "check_inner", "graph_compiler", "run_graph_pass"]
@@ -81,7 +82,7 @@ class _RedistOptBackend:
         # be compiled lazily, after the trace, so they are kept here).
         self._trace_meshes: dict = {}
         # Cross-rank agreement on slice dims: one round per graph, counted per compiler.
-        self.agreement = graph_pass.SliceAgreement()
+        self.agreement = SliceAgreement()
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
