@@ -92,6 +92,15 @@ class _RedistOptBackend:
         # The routing must be active while AOTAutograd traces (inside this call);
         # the inner compilers may run later (a lazily compiled backward), on
         # graphs already traced.
+        if _compiled_for_any_rank():
+            # Under torch.distributed.config.compile_on_one_rank the graph must run on
+            # every rank: torch's trace reads mesh coordinates at run time, while our
+            # planner specialises to this rank's. So torch traces, and the graph pass
+            # finds no group names or constant slices to raise: the graph stays as is.
+            warn_once(("compile_on_one_rank",), "redist_opt.backend: compile_on_one_rank is on, so DTensor "
+                      "redistributions are traced by torch (rank-independent) and left as traced")
+            self._trace_meshes = {}
+            return self._compile(gm, example_inputs)
         with enabled(self.groups, **self.options), recording_meshes() as used:
             self._trace_meshes = used
             return self._compile(gm, example_inputs)
@@ -135,6 +144,13 @@ class _RedistOptBackend:
             cost=self.options["cost"], prefer=self.options["prefer"],
             max_collectives=self.options["max_collectives"], agreement=self.agreement,
         )  # fmt: skip
+
+
+def _compiled_for_any_rank() -> bool:
+    """``torch.distributed.config.compile_on_one_rank``: one rank's trace runs on all."""
+    import torch.distributed.config
+
+    return bool(getattr(torch.distributed.config, "compile_on_one_rank", False))
 
 
 def check_inner(inner, *, allow_none: bool = False) -> None:

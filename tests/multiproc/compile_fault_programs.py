@@ -19,7 +19,7 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 # Read by the compiled functions: changed on one rank only, it makes Dynamo recompile
 # there only (a rank-dependent guard).
@@ -155,10 +155,12 @@ def compile_orders_differ(ctx) -> dict:
 
 
 def pipeline_stages(ctx) -> dict:
-    """(c) Pipeline stages compile different programs: stage pp=0 gathers and slices,
-    stage pp=1 runs the unknown-origin chain, each on its tp submesh, with
-    ``groups="create"``; each compiled twice (the second compile: a new program
-    object, the same graphs)."""
+    """(c) Pipeline stages compile different programs, each on its tp submesh, with
+    ``groups="create"``: stage pp=0 gathers and takes its block, stage pp=1 reduces and
+    takes its block; each compiled twice (a new backend, the same graphs). Then stage
+    pp=1 alone compiles a hand-written funcol chain, whose meshes the backend cannot
+    know (no DTensor was planned on): every rank of the root mesh is asked, the other
+    stage never answers, and the chain is kept after the bounded wait."""
     mesh = _mesh()
     stage = mesh.get_coordinate()[0]
     tp = mesh["tp"]
@@ -166,14 +168,26 @@ def pipeline_stages(ctx) -> dict:
     for step in range(2):
         torch._dynamo.reset()
         comp = _Compiler(ctx, groups="create")
-        if stage == 0:
-            fn, x = _gather_on(tp), _input((4, 4))
-        else:
-            fn, x = _reduce_then_own_chunk(mesh), _input((8, 4))
+        fn, x = (_gather_on(tp), _input((4, 4))) if stage == 0 else (_reduce_on(tp), _input((8, 4)))
         with ctx.section(f"stage{step}"):
             out[f"step{step}"] = comp.compile(fn)(x).clone()
         out[f"_explain{step}"] = comp.close()["_explain"]
+    if stage == 1:
+        torch._dynamo.reset()
+        comp = _Compiler(ctx, groups="create")
+        with ctx.section("funcol"):
+            out["funcol"] = comp.compile(_reduce_then_own_chunk(mesh))(_input((8, 4))).clone()
+        out["_explain_funcol"] = comp.close()["_explain"]
     return out
+
+
+def _reduce_on(tp):
+    def f(x):
+        d = DTensor.from_local(x, tp, [Partial()], run_check=False)
+        d = d.redistribute(tp, [Replicate()]) * 2
+        return d.redistribute(tp, [Shard(0)]).to_local()
+
+    return f
 
 
 def _gather_on(tp):
@@ -204,8 +218,9 @@ def compiled_for_any_rank(ctx) -> dict:
             real = backend_module.run_graph_pass
 
             def keep_code(gm, **kw):
+                before = gm.code
                 result = real(gm, **kw)
-                codes.append(gm.code)
+                codes.append(before + "\n==== after the pass ====\n" + gm.code)
                 return result
 
             backend_module.run_graph_pass = keep_code
