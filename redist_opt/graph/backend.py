@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch.fx as fx
 
-from redist_opt.api import check_groups, enabled, meshes_seen, recording_meshes, warn_once
+from redist_opt.api import check_groups, enabled, live_meshes, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
@@ -245,14 +245,14 @@ def collectives(gm: fx.GraphModule) -> list[tuple[str, str]]:
 
 
 def _group_labels() -> dict[str, str]:
-    """Process-group name -> "mesh dims <names> of mesh <shape>" for every mesh redist_opt
-    has planned on (their dims and flattened meshes)."""
+    """Process-group name -> "mesh dims <names> of mesh <shape>" for every live mesh
+    (their dims and flattened meshes)."""
     labels: dict[str, str] = {}
-    for mesh in meshes_seen():
-        root = L.root_mesh(mesh)
-        names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
-        shape = "x".join(str(s) for s in root.shape)
+    for mesh in live_meshes():
         try:
+            root = L.root_mesh(mesh)
+            names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
+            shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):
                 labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
             for flat_name, flat, covered in L.flattened_dims(root):
