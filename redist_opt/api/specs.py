@@ -45,8 +45,9 @@ _spec_cache: dict[int, tuple] = {}
 
 def _forget_spec(key: int, dead_ref) -> None:
     # Only if the entry is still the dead mesh's: its id may belong to a new mesh now.
-    if _spec_cache.get(key, (None,))[0] is dead_ref:
-        del _spec_cache[key]
+    cache = _spec_cache
+    if cache is not None and cache.get(key, (None,))[0] is dead_ref:  # None: interpreter shutdown
+        del cache[key]
 
 
 # Open recorders of the meshes planned on (redist_opt.backend: the meshes of one trace).
