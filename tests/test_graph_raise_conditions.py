@@ -5,7 +5,7 @@ come out unchanged, with the reason in the explain output.
 
 Graphs are ``make_fx`` traces of funcol programs on the fake backend (this process is
 rank 0, coordinate (0, 0, 0) of a 2x2x2 mesh); the other ranks' slice facts come from
-a stand-in ``all_gather`` (see test_graph_raise_semantics). The base program::
+a stand-in ``all_gather`` (``support.slice_facts``). The base program::
 
     w = wait(all_reduce(x, "sum", z))      x: (8, 4), partial over z
     y = split(w, 4)[coord_z]               this rank's block over z
@@ -13,8 +13,6 @@ a stand-in ``all_gather`` (see test_graph_raise_semantics). The base program::
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -24,28 +22,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import FileCheck
 
 from redist_opt.graph.graph_pass import optimize_graph
-from redist_opt.graph.mesh_groups import mesh_contexts
+from support.slice_facts import other_ranks
 
 
 @pytest.fixture(scope="module")
 def mesh3():
     return DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
-
-
-def _ranks_stand_in(mesh, index_of):
-    """Every rank's candidates: the single dims whose coordinate is ``index_of(coord)``."""
-    ctx = mesh_contexts(mesh)[0]
-    coords = [tuple(int(c) for c in (torch.arange(8).view(2, 2, 2) == r).nonzero()[0]) for r in range(8)]
-
-    def all_gather(facts):
-        out = []
-        for coord in coords:
-            other = dataclasses.replace(ctx, coord=coord)
-            cands = sorted(d for d in other.candidate_dims(2) if other.block_index(d) == index_of(coord))
-            out.append([[cands for _ in chain] for chain in facts])
-        return out
-
-    return all_gather
 
 
 def run_and_check(mesh, fn, shape, expected, *, index_of=lambda c: c[2], reason=None):
@@ -54,7 +36,7 @@ def run_and_check(mesh, fn, shape, expected, *, index_of=lambda c: c[2], reason=
     explain output)."""
     gm = make_fx(fn, tracing_mode="fake")(torch.zeros(shape))
     before = gm.code
-    result = optimize_graph(gm, meshes=mesh, all_gather=_ranks_stand_in(mesh, index_of))
+    result = optimize_graph(gm, meshes=mesh, all_gather=other_ranks(mesh, index_of))
     text = result.explain()
     if expected is None:
         assert gm.code == before and not result.modified, text
@@ -113,7 +95,7 @@ def test_c2_group_of_a_known_mesh_not_transformed(mesh3):
     gm_fn = _own_block(mesh3)
     gm = make_fx(gm_fn, tracing_mode="fake")(torch.zeros((8, 4)))
     before = gm.code
-    result = optimize_graph(gm, meshes=other, all_gather=_ranks_stand_in(mesh3, lambda c: c[2]))
+    result = optimize_graph(gm, meshes=other, all_gather=other_ranks(mesh3, lambda c: c[2]))
     assert gm.code == before and "is no set of dims of a known DeviceMesh" in result.explain(), result.explain()
 
 

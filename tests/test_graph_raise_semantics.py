@@ -11,8 +11,6 @@ The same programs on real gloo ranks: ``test_graph_pass_semantics``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -20,31 +18,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from redist_opt.graph.graph_pass import count_collectives, optimize_graph
-from redist_opt.graph.mesh_groups import mesh_contexts
+from support.slice_facts import other_ranks
 
 
 @pytest.fixture(scope="module")
 def mesh3():
     # 8 of the session's 16 fake ranks; this process is rank 0 (coordinate (0, 0, 0)).
     return DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
-
-
-def _other_ranks(mesh, index_of):
-    """``all_gather`` standing in for the mesh's ranks: rank r's candidates for each
-    slice of 2 blocks are the single dims whose coordinate is ``index_of(coord_r)``."""
-    ctx = mesh_contexts(mesh)[0]
-    coords = [tuple(int(c) for c in (torch.arange(8).view(2, 2, 2) == r).nonzero()[0]) for r in range(8)]
-
-    def all_gather(facts):
-        out = []
-        for coord in coords:
-            other = dataclasses.replace(ctx, coord=coord)
-            k = index_of(coord)
-            cands = sorted(d for d in other.candidate_dims(2) if other.block_index(d) == k)
-            out.append([[cands for _ in chain] for chain in facts])
-        return out
-
-    return all_gather
 
 
 def _weight_gather(mesh, t):
@@ -70,7 +50,7 @@ def test_autoparallel_shaped_chain_raises_by_agreement(mesh3):
     gm = _trace(_weight_gather(mesh3, t), (2, 8))
     assert not any("source_fn_stack" in n.meta for n in gm.graph.nodes)
     before = count_collectives(gm)
-    result = optimize_graph(gm, meshes=mesh3, all_gather=_other_ranks(mesh3, lambda c: c[2]))
+    result = optimize_graph(gm, meshes=mesh3, all_gather=other_ranks(mesh3, lambda c: c[2]))
     assert before == {"all_gather": 3}
     assert result.modified, result.explain()
     assert "S(0),R,S(0) -> R,R,S(0)" in result.explain()
@@ -80,7 +60,7 @@ def test_autoparallel_shaped_chain_raises_by_agreement(mesh3):
 def test_constant_index_is_refused_when_other_ranks_differ(mesh3):
     gm = _trace(_weight_gather(mesh3, 0), (2, 8))  # index 0 on every rank: user code
     code = gm.code
-    result = optimize_graph(gm, meshes=mesh3, all_gather=_other_ranks(mesh3, lambda c: 0))
+    result = optimize_graph(gm, meshes=mesh3, all_gather=other_ranks(mesh3, lambda c: 0))
     assert gm.code == code and not result.modified
     assert "cannot be proven to select this rank's block" in result.explain()
 
