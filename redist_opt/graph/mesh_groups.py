@@ -8,8 +8,9 @@ whose ranks, through this rank's coordinate, are the group's ranks in order.
 rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
 (torchtitan), matched through their layouts in the root's index space
 (:mod:`redist_opt.ir.layout`). What the search needs of each mesh (its root, the
-root dims it spans, its layouts, coordinate and rank map) is read once per mesh
-(:func:`redist_opt.api.specs.mesh_facts`, cached per mesh).
+root dims it spans, its layouts key, its MeshSpec) is read once per mesh
+(:func:`redist_opt.api.specs.mesh_facts`, cached per mesh, shared with the eager
+path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`.
 """
 
 from __future__ import annotations
