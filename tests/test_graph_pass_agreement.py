@@ -1,9 +1,10 @@
 """Compile-time agreement across ranks cannot hang a job (real gloo ranks, 4 processes).
 
-The mesh dims of a rank slice are agreed through the default group's store under a
-key that names what is agreed (the chain and the mesh), among the ranks that compile
-the same program, for at most ``AGREEMENT_TIMEOUT_S``; a round that does not
-complete leaves the chain as it was on every rank of it. Every rank compares its
+The mesh dims of a rank slice are agreed through the default group's store, one
+round per compiled graph under a key that names what is agreed (the graph and the
+mesh), among the ranks that compile the same program, for at most
+``AGREEMENT_TIMEOUT_S``; a round that does not complete leaves the chain as it was on
+every rank of it, or as an earlier committed round of the same chain decided. Every rank compares its
 compiled outputs with the uncompiled program's (see ``agreement_programs``).
 """
 
