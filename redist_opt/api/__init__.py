@@ -16,7 +16,7 @@ from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
 from redist_opt.api.recording import Recording, record
 from redist_opt.api.routing import enabled
-from redist_opt.api.specs import meshes_seen, recording_meshes, spec_of
+from redist_opt.api.specs import live_meshes, mesh_facts, recording_meshes, spec_of
 
 __all__ = [
     "plan",
@@ -31,7 +31,8 @@ __all__ = [
     # for the graph layer
     "check_groups",
     "warn_once",
-    "meshes_seen",
+    "live_meshes",
+    "mesh_facts",
     "recording_meshes",
     "spec_of",
 ]

@@ -1,21 +1,43 @@
-"""MeshSpecs of live DeviceMeshes, cached per mesh, and a record of the meshes planned on.
+"""What redist_opt needs of a live DeviceMesh, computed once per mesh and cached; the
+live meshes of the process; a record of the meshes planned on.
 
-``spec_of`` is on the eager hot path: one dict lookup per call after the first.
+``mesh_facts`` (and ``spec_of``, its MeshSpec) is on the eager hot path: one dict
+lookup per call after the first; the compiled-graph pass reads the same facts.
+``live_meshes`` is the one way to find the meshes of the process.
 ``recording_meshes`` lets ``redist_opt.backend`` see the meshes one trace planned on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import weakref
+
+from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 
-__all__ = ["spec_of", "as_spec", "recording_meshes", "meshes_seen", "clear_spec_cache"]
+__all__ = ["MeshFacts", "mesh_facts", "spec_of", "as_spec", "live_meshes", "recording_meshes", "clear_spec_cache",
+           "cache_generation"]
 
-# id(mesh) -> (weakref to the mesh, stamp, spec). Keyed by identity, not by
+
+@dataclasses.dataclass(frozen=True)
+class MeshFacts:
+    """One DeviceMesh as planning, routing and the graph pass read it."""
+
+    root: object  # the root DeviceMesh
+    spec: MeshSpec
+    # sorted dims of the root this mesh's dims span, or None (a view not made of root dims)
+    root_dims: tuple[int, ...] | None
+    full_view: bool  # the root, or an _unflatten view of all of it
+    view_key: tuple  # equal for objects standing for the same mesh
+    flattened: int  # flattened meshes its root holds
+
+
+# id(mesh) -> (weakref to the mesh, stamp, MeshFacts). Keyed by identity, not by
 # DeviceMesh equality: two equal meshes can have different roots and so
 # different flattened groups.
 _spec_cache: dict[int, tuple] = {}
@@ -23,8 +45,9 @@ _spec_cache: dict[int, tuple] = {}
 
 def _forget_spec(key: int, dead_ref) -> None:
     # Only if the entry is still the dead mesh's: its id may belong to a new mesh now.
-    if _spec_cache.get(key, (None,))[0] is dead_ref:
-        del _spec_cache[key]
+    cache = _spec_cache
+    if cache is not None and cache.get(key, (None,))[0] is dead_ref:  # None: interpreter shutdown
+        del cache[key]
 
 
 # Open recorders of the meshes planned on (redist_opt.backend: the meshes of one trace).
@@ -42,23 +65,46 @@ def recording_meshes():
         _mesh_recorders.remove(used)
 
 
-def spec_of(device_mesh) -> MeshSpec:
-    """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened mesh."""
-    for used in _mesh_recorders:
-        used[id(device_mesh)] = device_mesh
+def mesh_facts(device_mesh) -> MeshFacts:
+    """What redist_opt needs of ``device_mesh``, computed once per mesh (again when its
+    root gains a flattened mesh). Raises ReferenceError for a view whose root is gone."""
     stamp = L.communicators_stamp(device_mesh)
     hit = _spec_cache.get(id(device_mesh))
     if hit is None or hit[0]() is not device_mesh or hit[1] != stamp:
         key = id(device_mesh)
         ref = weakref.ref(device_mesh, lambda r, key=key: _forget_spec(key, r))
-        hit = (ref, stamp, MeshSpec.from_device_mesh(device_mesh))
+        hit = (ref, stamp, _read_facts(device_mesh))
         _spec_cache[key] = hit
     return hit[2]
 
 
-def meshes_seen() -> list:
-    """The live DeviceMeshes redist_opt has planned on (graph dumps name their groups)."""
-    return [m for m in (entry[0]() for entry in list(_spec_cache.values())) if m is not None]
+def _read_facts(m) -> MeshFacts:
+    # Rank-free: no coordinate (under LocalTensorMode it stands for every rank at once).
+    return MeshFacts(
+        root=L.root_mesh(m), spec=MeshSpec.from_device_mesh(m), root_dims=L.root_dims_spanned(m),
+        full_view=L.is_full_view(m), view_key=L.view_key(m), flattened=len(L.flattened_meshes(m)),
+    )
+
+
+def spec_of(device_mesh) -> MeshSpec:
+    """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened
+    mesh; the mesh is recorded as planned on (:func:`recording_meshes`)."""
+    for used in _mesh_recorders:
+        used[id(device_mesh)] = device_mesh
+    return mesh_facts(device_mesh).spec
+
+
+def live_meshes() -> list:
+    """Every live DeviceMesh of this process (a scan of the garbage collector's objects:
+    meshes the program built, whether redist_opt planned on them or not)."""
+    out = []
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, DeviceMesh):
+                out.append(o)
+        except ReferenceError:  # a weakref.proxy whose referent is gone
+            continue
+    return out
 
 
 def as_spec(mesh) -> MeshSpec:
@@ -71,5 +117,18 @@ def as_spec(mesh) -> MeshSpec:
 
 
 def clear_spec_cache() -> None:
-    """Forget every cached MeshSpec (``redist_opt.clear_caches``)."""
+    """Forget every cached MeshSpec (``redist_opt.clear_caches``), and start a new
+    cache generation: state kept on compiler instances (the graph pass's agreement
+    rounds) resets itself when it sees one."""
+    global _generation
     _spec_cache.clear()
+    _generation += 1
+
+
+# How many times the caches were cleared: instances holding state compare it.
+_generation = 0
+
+
+def cache_generation() -> int:
+    """The number of ``redist_opt.clear_caches()`` calls so far."""
+    return _generation

@@ -1,49 +1,52 @@
 """Agreement across ranks on the mesh dims of rank slices (legality 5 of
-:mod:`redist_opt.graph.raise_chains`), bounded in time and consistent across ranks.
+:mod:`redist_opt.graph.raise_chains`), bounded in time and the same on every rank.
 
 A constant-index slice in a graph records only ``n`` and this rank's index. Each
 rank knows which ordered dim sets of ``n`` ranks give its index (its *candidates*);
-the ranks intersect their candidates and the slice is raised when exactly one set
-is common to all: then on every rank it selects that rank's own block over that
-set. For a slice of unknown origin only dim sets whose coordinates vary among the
-ranks asked are candidates (a constant the same on every rank then matches on no
-set everywhere); a slice DTensor put there (known from its metadata to select the
+the ranks intersect their candidates and a slice is raised when exactly one set is
+common to all: then on every rank it selects that rank's own block over that set.
+For a slice of unknown origin only dim sets whose coordinates vary among the ranks
+asked are candidates (a constant the same on every rank then matches on no set
+everywhere); a slice DTensor put there (known from its metadata to select the
 caller's block) needs no round when one dim set of the root mesh has its size.
 
-Protocol (one round per chain, all rounds of a graph in parallel), through the
-default process group's store: a store key is no collective, so it cannot
-interleave with collectives the program still has in flight::
+Protocol: one round per compiled graph, through the default process group's store
+(a store key is no collective, so it cannot interleave with collectives the program
+still has in flight)::
 
-    key    = hash(the chain's ops, its input's shape and dtype, the root mesh,
-              the ranks asked)                     same on every rank asked
+    key    = hash(the graph's op sequence, its chains, the root mesh, the ranks asked)
+             + how many rounds of that hash this compiler asked before
     ranks  = this rank's group over the dims the program's meshes span and the
-             chain's collectives touch             (a pipeline stage, not the world)
-    set  <prefix>/<key>/<rank> = my candidates
-    wait until every rank's key is there, for at most AGREEMENT_TIMEOUT_S
-    verdict = compare_set(<prefix>/<key>/decision, "", "commit" | "abort")
+             chains' collectives touch             (a pipeline stage, not the world)
+    set  <key>/facts/<rank> = my candidates, one list per slice
+    wait until every rank's facts are there or a verdict is, for at most AGREEMENT_TIMEOUT_S
+    compare_set(<key>/decision, "", "lock <rank>"): the one rank that wins the lock reads
+        the facts present and writes the verdict; the others wait for it
+    verdict = commit (every rank's facts, in the verdict)
+            | abort  (per chain: the answer of an earlier committed round, or none)
 
-The first rank to decide fixes the verdict for everyone, at once and for the rest
-of the job: every rank of the round either uses the intersection ("commit": all
-candidates were in the store when it was decided) or leaves the chain as it was
-from the slice on ("abort", with the reason recorded). Rank sets compiling
-different programs (pipeline stages) never wait for each other.
+Every rank of the round uses the one verdict, so the decision is the same on every
+rank of it. Rank sets compiling different programs (pipeline stages) never wait
+for each other. The count makes rounds of equal hashes (the same function traced
+for two placements: the graphs differ only in a slice's rank-local index) agree
+each on its own program, when ranks compile them in the same order; in different
+orders, a round may hold one program on some ranks and the other on the rest, which
+is still right: the candidates each rank gave are for the graph it runs.
 
-Which compiles share a round depends on where the slices come from:
+A rank that compiles a graph alone (a recompile, a rank-dependent guard) gets no
+answer: its round aborts after the timeout. The other ranks run what an earlier
+committed round decided, so the verdict of an aborted round reuses, chain by chain,
+the answer of the one earlier committed round of the same chain text whose facts
+equal those of every rank present (*records*, written by every committed round);
+then this rank rewrites the chain exactly as the others did, and the explain output
+says so. Without such a record the chain keeps its traced collectives on every rank
+of the round. Where two earlier rounds of the same text fit with different answers
+(two programs that are one graph on this rank), no choice is safe: the chain is kept
+and a warning names it.
 
-* Every slice of the chain was put there by DTensor (its metadata says it selects
-  the caller's block): the same chain text means the same candidates on every
-  rank, so the key is the chain alone and a rank that compiles one more graph than
-  the others (a recompile) finds the answers already in the store.
-* Some slice is of unknown origin: the same text can mean different programs on
-  different ranks. A user's ``chunk(2)[0]`` on the rank of coordinate 0 reads
-  exactly like the rank-dependent slice compiled before it, while on the other
-  ranks it does not, so an answer found in the store could be right on one rank
-  and wrong on the others. Such a chain is agreed afresh on every compile: its key
-  also holds how many rounds of the same text this process has asked before,
-  which is the same on ranks compiling the same graphs in the same order. A lone
-  recompile of it gives up after the timeout and keeps the traced chain; when an
-  earlier round of the same text was committed (so the other ranks may run that
-  rewrite) it warns, since its collectives may then not match theirs.
+Store keys: a committed round deletes its keys once every rank has its verdict; an
+aborted round keeps its verdict (ranks may join it later; one key per lone compile);
+records are one key per distinct (chain text, facts, answer).
 """
 
 from __future__ import annotations
@@ -57,33 +60,131 @@ import warnings
 from collections.abc import Sequence
 
 import torch.distributed as dist
+import torch.fx as fx
 
+from redist_opt.api.specs import cache_generation
 from redist_opt.graph.chain import Chain, ChainOp
 from redist_opt.runtime.torch_dtensor import default_store
 
-__all__ = ["AGREEMENT_TIMEOUT_S", "Agreement", "agree_slice_dims", "store_exchange"]
+__all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
 
-# How long a rank waits for the others of its round before leaving the chain as it was.
+# How long a rank waits for the others of its round before the verdict is "abort".
 AGREEMENT_TIMEOUT_S = 5.0
 _POLL_S = 0.01
 _KEY_PREFIX = "redist_opt/graph_pass/agree"
+_RECORDS = "redist_opt/graph_pass/record"
 
 
-# Rounds asked so far per chain text, for chains agreed afresh on every compile.
-_rounds_asked: collections.Counter = collections.Counter()
+@dataclasses.dataclass
+class Agreed:
+    """What a round gave: mesh dims per slice (by its first node), why a slice was not
+    agreed, and a note per chain whose dims came from an earlier round."""
+
+    dims: dict[fx.Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    failed: dict[fx.Node, str] = dataclasses.field(default_factory=dict)
+    notes: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # slice -> note
 
 
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-    """One round: ``facts`` (this rank's candidates, one list per slice of a chain) to
-    intersect with those of ``ranks``; ``key`` names what is agreed; ``earlier`` is
-    the key of the previous round of the same chain text, for chains agreed afresh
-    on every compile."""
+class SliceAgreement:
+    """The agreement state of one compiler (a backend, a pass instance): how many
+    rounds of each graph hash it asked, reset by ``redist_opt.clear_caches()``.
 
-    key: str
-    ranks: tuple[int, ...]
-    facts: list
-    earlier: str | None = None
+    ``all_gather(facts) -> every rank's facts, or a reason string`` replaces the store
+    (one call per graph); ``timeout_s`` bounds the wait of a round."""
+
+    def __init__(self, all_gather=None, timeout_s: float = AGREEMENT_TIMEOUT_S, *, store=None,
+                 rank: int | None = None) -> None:
+        self.all_gather = all_gather
+        self.timeout_s = timeout_s
+        self.store, self.rank = store, rank  # a store and this rank's id (tests; default: the default group's)
+        self._rounds: collections.Counter = collections.Counter()
+        self._generation = cache_generation()
+
+    def _round_key(self, what) -> str:
+        if self._generation != cache_generation():  # clear_caches() ran: every count restarts
+            self._rounds.clear()
+            self._generation = cache_generation()
+        digest = _digest(what)
+        self._rounds[digest] += 1
+        return f"{self._generation}/{digest}/{self._rounds[digest]}"
+
+    def agree(self, graph: fx.Graph, chains: Sequence[Chain]) -> Agreed:
+        """Mesh dims for every slice of ``chains`` (one round for all of them)."""
+        out = Agreed()
+        pending = _pending(chains, out)
+        if not pending:
+            return out
+        ranks = tuple(sorted({r for c, _ in pending for r in c.ctx.ranks_of(_scope(c, chains))}))
+        mine = [[cands for _, cands in slices] for _, slices in pending]
+        texts = [_chain_text(c, ranks) for c, _ in pending]
+        me = self.rank if self.rank is not None else dist.get_rank() if dist.is_initialized() else None
+        if self.all_gather is not None:
+            gathered = self.all_gather(mine)
+            verdict = ("commit", gathered) if not isinstance(gathered, str) else ("abort", gathered, {})
+        else:
+            store = self.store if self.store is not None else _store_or_reason()
+            if isinstance(store, str):
+                verdict = ("abort", store, {})
+            else:
+                key = self._round_key((_structure(graph), texts, ranks))
+                verdict = _Round(store, key, ranks, self.timeout_s, me).run(mine, texts)
+        _resolve(pending, mine, verdict, ranks, self.timeout_s, me, out)
+        return out
+
+
+def _pending(chains, out: Agreed) -> list[tuple[Chain, list[tuple[ChainOp, list]]]]:
+    """(chain, [(slice, this rank's candidates)]) for every chain with slices needing
+    a round; slices of one possible dim set (or none) are settled into ``out`` here.
+    A slice shared by several chains (a chain and the part after its cut) is asked once."""
+    seen: set[fx.Node] = set()
+    pending = []
+    for chain in chains:
+        slices = []
+        for op in chain.ops:
+            first = op.nodes[0]
+            if op.kind != "slice" or first in seen:
+                continue
+            seen.add(first)
+            all_dims, cands = slice_candidates(chain, op, _scope(chain, chains))
+            if not all_dims:
+                # the same on every rank (no coordinate enters it): no round needed
+                out.failed[first] = (f"{first.name}: a slice with a constant index cannot be proven to select "
+                                     f"this rank's block (no mesh dims of {op.n} ranks vary among the ranks "
+                                     "compiling it)")
+            elif len(all_dims) == 1 and op.trusted:
+                if cands:
+                    out.dims[first] = cands[0]
+                else:
+                    out.failed[first] = f"{first.name}: block {op.index} is not this rank's"
+            else:
+                slices.append((op, cands))
+        if slices:
+            pending.append((chain, slices))
+    return pending
+
+
+def _scope(chain: Chain, chains) -> list[int]:
+    """The mesh dims whose coordinates vary among the ranks asked: the dims the
+    program's meshes span and the collectives of the graph's chains on this mesh touch."""
+    dims = set(chain.ctx.scope_dims)
+    for c in chains:
+        if c.ctx is chain.ctx:
+            dims |= {d for op in c.collectives for d in op.dims}
+    return sorted(dims)
+
+
+def slice_candidates(chain: Chain, op: ChainOp, scope: Sequence[int]) -> tuple[list, list]:
+    """(every dim set a slice could select over, those giving this rank's block index).
+
+    A slice DTensor put there (``op.trusted``) selects over some dim set of the root
+    mesh. Any other slice is this rank's own block only if, on every rank asked, its
+    constant index is that rank's block index over one common dim set: a set of dims
+    whose coordinates vary among those ranks (``scope``), so a constant the same on
+    every rank (user code) can never match it everywhere."""
+    all_dims = chain.ctx.candidate_dims(op.n)
+    if not op.trusted:
+        all_dims = [d for d in all_dims if set(scope).issuperset(d)]
+    return all_dims, sorted(d for d in all_dims if chain.ctx.block_index(d) == op.index)
 
 
 def _op_fingerprint(op: ChainOp) -> tuple:
@@ -91,124 +192,30 @@ def _op_fingerprint(op: ChainOp) -> tuple:
     if op.kind in ("pointwise", "view"):
         node = op.nodes[0]
         return (op.kind, str(node.target), repr(node.args[1:]), repr(sorted(node.kwargs.items())))
-    return (op.kind, op.dims, op.tensor_dim, op.reduce_op, op.n)
+    return (op.kind, op.dims, op.tensor_dim, op.reduce_op, op.n, op.trusted)
 
 
-def agreement_scope(chain: Chain) -> list[int]:
-    """The mesh dims whose coordinates vary among the ranks asked: the dims the
-    program's meshes span and the chain's collectives touch."""
-    return sorted(set(chain.ctx.scope_dims) | {d for op in chain.collectives for d in op.dims})
-
-
-def agreement_for(chain: Chain, facts: list) -> Agreement:
-    """The round that agrees ``chain``'s slices: its key and the ranks asked."""
+def _chain_text(chain: Chain, ranks) -> str:
+    """A chain's meaning on its mesh, the same on every rank asked (a record's key)."""
     ctx = chain.ctx
     val = chain.input.meta.get("val")
-    ranks = tuple(ctx.ranks_of(agreement_scope(chain)))
-    what = (
+    return _digest((
         tuple(_op_fingerprint(op) for op in chain.ops),
         tuple(val.shape) if val is not None else None,
         str(getattr(val, "dtype", None)),
         (ctx.spec.sizes, ctx.spec.names, repr(ctx.rank_map)),
         ranks,
-    )
-    if all(op.trusted for op in chain.ops if op.kind == "slice"):
-        return Agreement(_digest(what), ranks, facts)
-    text = repr(what)
-    _rounds_asked[text] += 1
-    n = _rounds_asked[text]
-    return Agreement(_digest((what, n)), ranks, facts, _digest((what, n - 1)) if n > 1 else None)
+    ))
+
+
+def _structure(graph: fx.Graph) -> tuple:
+    """The graph's op sequence: no constants, group names or shapes, which may differ
+    by rank (a slice's index, a rank's group); the chains' texts pin the rest."""
+    return tuple((n.op, str(n.target)) for n in graph.nodes if n.op == "call_function")
 
 
 def _digest(what) -> str:
     return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
-
-
-def slice_candidates(chain: Chain, op: ChainOp) -> tuple[list, list]:
-    """(every dim set a slice could select over, those giving this rank's block index).
-
-    A slice DTensor put there (``op.trusted``) selects over some dim set of the root
-    mesh. Any other slice is this rank's own block only if, on every rank asked, its
-    constant index is that rank's block index over one common dim set: a set of dims
-    whose coordinates vary among those ranks (the agreement scope), so a constant the
-    same on every rank (user code) can never match it everywhere."""
-    all_dims = chain.ctx.candidate_dims(op.n)
-    if not op.trusted:
-        scope = set(agreement_scope(chain))
-        all_dims = [d for d in all_dims if scope.issuperset(d)]
-    return all_dims, sorted(d for d in all_dims if chain.ctx.block_index(d) == op.index)
-
-
-def _slice_facts(chain: Chain, ci: int, fail) -> list[tuple[int, list]]:
-    """(position, candidates) of each slice needing agreement; a trusted slice of one
-    possible dim set gets its dims here."""
-    out = []
-    for pos, op in enumerate(chain.ops):
-        if op.kind != "slice":
-            continue
-        all_dims, cands = slice_candidates(chain, op)
-        if not all_dims:
-            # the same on every rank (no coordinate enters it): no round needed
-            fail(ci, pos, f"{op.nodes[0].name}: a slice with a constant index cannot be proven to select "
-                          f"this rank's block (no mesh dims of {op.n} ranks vary among the ranks compiling it)")
-        elif len(all_dims) == 1 and op.trusted:
-            if cands:
-                object.__setattr__(op, "dims", cands[0])
-            else:
-                fail(ci, pos, f"{op.nodes[0].name}: block {op.index} is not this rank's")
-        else:
-            out.append((pos, cands))
-    return out
-
-
-def agree_slice_dims(chains: Sequence[Chain], all_gather=None) -> dict[int, tuple[int, str]]:
-    """Give every slice its mesh dims, the same on every rank asked (legality 5).
-
-    A slice whose size matches exactly one ordered dim set of the root mesh needs no
-    communication. Otherwise each chain with such slices is one round of
-    :func:`store_exchange` (or, given ``all_gather(facts) -> every rank's facts or a
-    reason``, one call of it per round); a slice is resolved when exactly one
-    candidate is common to all ranks asked. Returns {chain index: (position in
-    chain.ops, reason)} for the first unresolved slice of each chain.
-    """
-    failed: dict[int, tuple[int, str]] = {}
-
-    def fail(ci, pos, reason):
-        if ci not in failed or failed[ci][0] > pos:
-            failed[ci] = (pos, reason)
-
-    pending = []  # (chain index, [(position, candidates)])
-    for ci, chain in enumerate(chains):
-        facts = _slice_facts(chain, ci, fail)
-        if facts:
-            pending.append((ci, facts))
-    if not pending:
-        return failed
-    requests = [agreement_for(chains[ci], [c for _, c in facts]) for ci, facts in pending]
-    if all_gather is not None:
-        answers = [all_gather(req.facts) for req in requests]
-    else:
-        answers = store_exchange(requests)
-    for (ci, facts), req, gathered in zip(pending, requests, answers):
-        for j, (pos, mine) in enumerate(facts):
-            op = chains[ci].ops[pos]
-            what = (f"{op.nodes[0].name}: " if op.trusted else
-                    f"{op.nodes[0].name}: a slice with a constant index cannot be proven to select this "
-                    "rank's block: ")
-            if isinstance(gathered, str):
-                fail(ci, pos, what + gathered)
-                continue
-            common = set(map(tuple, mine))
-            for other in gathered:
-                common &= set(map(tuple, other[j])) if len(other) == len(req.facts) else set()
-            if len(common) != 1:
-                fail(ci, pos, what + (
-                    "the mesh dims this slice selects over are not determined "
-                    f"(candidates common to all ranks: {sorted(common)})"
-                ))
-            else:
-                object.__setattr__(op, "dims", next(iter(common)))
-    return failed
 
 
 def _store_or_reason():
@@ -219,42 +226,133 @@ def _store_or_reason():
     return default_store()
 
 
-def store_exchange(requests: Sequence[Agreement], timeout_s: float = AGREEMENT_TIMEOUT_S) -> list:
-    """Every round of ``requests`` through the default group's store (see the module
-    docstring): per round, the facts of every rank asked, or why not. All rounds
-    share one deadline, so a graph waits at most ``timeout_s`` in all."""
-    store = _store_or_reason()
-    if isinstance(store, str):
-        return [store] * len(requests)
-    me = dist.get_rank()
-    for req in requests:
-        store.set(f"{_KEY_PREFIX}/{req.key}/{me}", pickle.dumps(req.facts))
-    deadline = time.monotonic() + timeout_s
-    return [_decide(store, req, deadline, timeout_s) for req in requests]
+# -- one round through the store -------------------------------------------------------------
 
 
-def _decide(store, req: Agreement, deadline: float, timeout_s: float):
-    base = f"{_KEY_PREFIX}/{req.key}"
-    keys = [f"{base}/{r}" for r in req.ranks]
-    decision = f"{base}/decision"
-    answered = store.check(keys)
-    while not answered and not store.check([decision]) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
-        answered = store.check(keys)
-    verdict = store.compare_set(decision, "", "commit" if answered else "abort")
-    if verdict != b"commit":
-        reason = (f"not every rank of {list(req.ranks)} gave its slice facts within {timeout_s:g} s "
-                  "(the chain is left as it was from here on every one of them)")
-        if req.earlier is not None and _committed(store, req.earlier):
-            warnings.warn(
-                f"redist_opt graph pass: rank {dist.get_rank()} compiled again a chain the ranks "
-                f"{list(req.ranks)} rewrote before, and the others did not join its agreement "
-                f"within {timeout_s:g} s; this graph keeps the traced collectives, which may not "
-                "match the rewritten ones the other ranks run", stacklevel=2)
-        return reason
-    return [pickle.loads(store.get(k)) for k in keys]
+class _Round:
+    def __init__(self, store, key: str, ranks, timeout_s: float, me: int) -> None:
+        self.store, self.ranks, self.timeout_s, self.me = store, ranks, timeout_s, me
+        self.base = f"{_KEY_PREFIX}/{key}"
+        self.decision = f"{self.base}/decision"
+
+    def _facts(self, r) -> str:
+        return f"{self.base}/facts/{r}"
+
+    def run(self, mine: list, texts: list[str]):
+        """The verdict of this round: ("commit", every rank's facts) or ("abort", reason,
+        {chain position: (facts of every rank, dims per slice) of an earlier round})."""
+        store = self.store
+        store.set(self._facts(self.me), pickle.dumps(mine))
+        keys = [self._facts(r) for r in self.ranks]
+        deadline = time.monotonic() + self.timeout_s
+        while not store.check([self.decision]) and not store.check(keys) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        lock = f"lock {self.me}".encode()
+        got = store.compare_set(self.decision, "", lock)
+        if got == lock:  # this rank decides, from the facts present now
+            present = {r: pickle.loads(store.get(k)) for r, k in zip(self.ranks, keys) if store.check([k])}
+            if len(present) == len(self.ranks):
+                verdict = ("commit", [present[r] for r in self.ranks])
+            else:
+                reason = (f"not every rank of {list(self.ranks)} gave its slice facts within {self.timeout_s:g} s "
+                          "(the chain is left as it was from here on every one of them)")
+                verdict = ("abort", reason, _earlier_answers(store, texts, present))
+            store.set(self.decision, pickle.dumps(verdict))
+        else:
+            verdict = self._wait_verdict(got)
+        store.delete_key(self._facts(self.me))
+        if verdict[0] == "commit":
+            _record(store, texts, self.ranks, verdict[1])
+            # the last rank to read the verdict removes it: no rank can join a committed round later
+            if store.add(f"{self.base}/done", 1) == len(self.ranks):
+                store.delete_key(self.decision)
+                store.delete_key(f"{self.base}/done")
+        return verdict
+
+    def _wait_verdict(self, got: bytes):
+        # another rank holds the lock: it is reading a few keys, then writes the verdict
+        deadline = time.monotonic() + self.timeout_s
+        while got.startswith(b"lock ") and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            got = self.store.get(self.decision)
+        if got.startswith(b"lock "):
+            return ("abort", f"rank {got[5:].decode()} took the agreement's decision and never wrote it", {})
+        return pickle.loads(got)
 
 
-def _committed(store, key: str) -> bool:
-    decision = f"{_KEY_PREFIX}/{key}/decision"
-    return store.check([decision]) and store.get(decision) == b"commit"
+def _record(store, texts, ranks, gathered) -> None:
+    """Remember, per chain text, every rank's facts and the dims agreed, for ranks that
+    compile the chain again alone (written once per distinct record)."""
+    for j, text in enumerate(texts):
+        facts = {r: g[j] for r, g in zip(ranks, gathered)}
+        entry = pickle.dumps((facts, _common(list(facts.values()))), protocol=4)
+        if store.add(f"{_RECORDS}/{text}/seen/{_digest(entry)}", 1) == 1:
+            i = store.add(f"{_RECORDS}/{text}/n", 1)
+            store.set(f"{_RECORDS}/{text}/{i}", entry)
+
+
+def _earlier_answers(store, texts, present: dict) -> dict:
+    """{chain position: (facts, dims)} of the one earlier record of each chain text whose
+    facts equal those of every rank present; a string where several fit differently."""
+    out = {}
+    for j, text in enumerate(texts):
+        n = store.add(f"{_RECORDS}/{text}/n", 0)
+        fits = []
+        for i in range(1, n + 1):
+            k = f"{_RECORDS}/{text}/{i}"
+            if store.check([k]):
+                facts, dims = pickle.loads(store.get(k))
+                if all(r in facts and facts[r] == p[j] for r, p in present.items()):
+                    fits.append((facts, dims))
+        if len({repr(d) for _, d in fits}) == 1 and all(d is not None for d in fits[0][1]):
+            out[j] = fits[0]
+        elif len(fits) > 1:
+            out[j] = (f"{len(fits)} earlier rounds of this chain agreed on different mesh dims for the facts "
+                      "of this rank; the chain keeps its traced collectives, which may not match the other ranks'")
+    return out
+
+
+def _common(facts: list) -> list:
+    """Per slice, the one dim set common to every rank's candidates, or None."""
+    out = []
+    for j in range(len(facts[0])):
+        common = set(map(tuple, facts[0][j]))
+        for other in facts[1:]:
+            common &= set(map(tuple, other[j])) if j < len(other) else set()
+        out.append(next(iter(common)) if len(common) == 1 else None)
+    return out
+
+
+# -- from a verdict to dims per slice ----------------------------------------------------------
+
+
+def _resolve(pending, mine, verdict, ranks, timeout_s, me, out: Agreed) -> None:
+    for j, (chain, slices) in enumerate(pending):
+        if verdict[0] == "commit":
+            per_rank = [g[j] if len(g) > j and len(g[j]) == len(slices) else [[]] * len(slices) for g in verdict[1]]
+            dims, note = _common(per_rank), None
+        else:
+            earlier = verdict[2].get(j)
+            if isinstance(earlier, tuple) and earlier[0].get(me) == mine[j]:
+                dims = earlier[1]
+                note = (f"this rank compiled the graph without the others of {list(ranks)} (timed out after "
+                        f"{timeout_s:g} s); the slice dims are those an earlier round of the same chain agreed, "
+                        "so its collectives are the ones the others run")
+            else:
+                if isinstance(earlier, str) or isinstance(earlier, tuple):
+                    warnings.warn(f"redist_opt graph pass: rank {me}: {chain.names[0]}...: "
+                                  f"{earlier if isinstance(earlier, str) else 'an earlier round does not fit this rank'}",
+                                  stacklevel=3)
+                dims, note = [None] * len(slices), None
+        for (op, _), d in zip(slices, dims):
+            first = op.nodes[0]
+            what = (f"{first.name}: " if op.trusted else
+                    f"{first.name}: a slice with a constant index cannot be proven to select this rank's block: ")
+            if verdict[0] == "abort" and d is None:
+                out.failed[first] = what + verdict[1]
+            elif d is None:
+                out.failed[first] = what + "the mesh dims this slice selects over are not determined"
+            else:
+                out.dims[first] = tuple(d)
+                if note:
+                    out.notes[first] = note

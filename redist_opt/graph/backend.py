@@ -31,9 +31,10 @@ from collections.abc import Callable, Sequence
 
 import torch.fx as fx
 
-from redist_opt.api import check_groups, enabled, meshes_seen, recording_meshes, warn_once
+from redist_opt.api import check_groups, enabled, live_meshes, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
+from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.ir import layout as L
 
 __all__ = ["backend", "collectives", "describe_collectives", "check_inner", "graph_compiler", "run_graph_pass"]
@@ -80,6 +81,8 @@ class _RedistOptBackend:
         # graph pass resolves group names against these roots (a backward graph may
         # be compiled lazily, after the trace, so they are kept here).
         self._trace_meshes: dict = {}
+        # Cross-rank agreement on slice dims: one round per graph, counted per compiler.
+        self.agreement = SliceAgreement()
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
@@ -89,6 +92,15 @@ class _RedistOptBackend:
         # The routing must be active while AOTAutograd traces (inside this call);
         # the inner compilers may run later (a lazily compiled backward), on
         # graphs already traced.
+        if _compiled_for_any_rank():
+            # Under torch.distributed.config.compile_on_one_rank the graph must run on
+            # every rank: torch's trace reads mesh coordinates at run time, while our
+            # planner specialises to this rank's. So torch traces, and the graph pass
+            # finds no group names or constant slices to raise: the graph stays as is.
+            warn_once(("compile_on_one_rank",), "redist_opt.backend: compile_on_one_rank is on, so DTensor "
+                      "redistributions are traced by torch (rank-independent) and left as traced")
+            self._trace_meshes = {}
+            return self._compile(gm, example_inputs)
         with enabled(self.groups, **self.options), recording_meshes() as used:
             self._trace_meshes = used
             return self._compile(gm, example_inputs)
@@ -130,8 +142,15 @@ class _RedistOptBackend:
         run_graph_pass(
             gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
             cost=self.options["cost"], prefer=self.options["prefer"],
-            max_collectives=self.options["max_collectives"],
+            max_collectives=self.options["max_collectives"], agreement=self.agreement,
         )  # fmt: skip
+
+
+def _compiled_for_any_rank() -> bool:
+    """``torch.distributed.config.compile_on_one_rank``: one rank's trace runs on all."""
+    import torch.distributed.config
+
+    return bool(getattr(torch.distributed.config, "compile_on_one_rank", False))
 
 
 def check_inner(inner, *, allow_none: bool = False) -> None:
@@ -165,7 +184,8 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch"
+    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch",
+    agreement=None,
 ) -> "graph_pass.GraphPassResult | None":
     """The compiled-graph pass on ``gm``, in place; its result, or None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
@@ -174,7 +194,8 @@ def run_graph_pass(
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
         return graph_pass.optimize_graph(
-            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives
+            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
+            agreement=agreement,
         )
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
@@ -224,14 +245,14 @@ def collectives(gm: fx.GraphModule) -> list[tuple[str, str]]:
 
 
 def _group_labels() -> dict[str, str]:
-    """Process-group name -> "mesh dims <names> of mesh <shape>" for every mesh redist_opt
-    has planned on (their dims and flattened meshes)."""
+    """Process-group name -> "mesh dims <names> of mesh <shape>" for every live mesh
+    (their dims and flattened meshes)."""
     labels: dict[str, str] = {}
-    for mesh in meshes_seen():
-        root = L.root_mesh(mesh)
-        names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
-        shape = "x".join(str(s) for s in root.shape)
+    for mesh in live_meshes():
         try:
+            root = L.root_mesh(mesh)
+            names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
+            shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):
                 labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
             for flat_name, flat, covered in L.flattened_dims(root):

@@ -37,6 +37,8 @@ class _Replay:
     cur: list[Placement | None] = dataclasses.field(default_factory=list)
     order: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # tensor dim -> mesh dims sharding it now (outer first)
     src_order: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    # the first pointwise op so far: a dim reduced after it was partial when it ran
+    pointwise: str | None = None
 
     def __post_init__(self) -> None:
         self.src = [None] * self.spec.ndim
@@ -49,12 +51,15 @@ class _Replay:
 def _pointwise(r: _Replay, op: ChainOp) -> str | None:
     if any(isinstance(p, Partial) for p in r.cur):
         return f"{op.nodes[0].name}: a pointwise op on a value that is still partial"
+    r.pointwise = r.pointwise or op.nodes[0].name
     return None
 
 
 def _reduce(r: _Replay, op: ChainOp) -> str | None:
     if any(r.cur[d] is not None for d in op.dims):
         return f"{op.nodes[0].name}: reduces mesh dims {op.dims} that are not partial any more"
+    if r.pointwise is not None:  # the dims reduced here were partial when it ran
+        return f"{r.pointwise}: a pointwise op on a value that is still partial over mesh dims {op.dims}"
     for d in op.dims:
         r.src[d] = Partial(op.reduce_op)
         r.cur[d] = Replicate()

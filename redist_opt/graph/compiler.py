@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch.fx as fx
 
 from redist_opt.api import check_groups
+from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
 
 __all__ = ["compiler_fn", "GraphPassCompiler"]
@@ -68,6 +69,7 @@ class GraphPassCompiler:
         self.meshes, self.groups, self.inner, self.options = meshes, groups, inner, dict(options)
         self.graphs = 0
         self.results: list = []
+        self.agreement = SliceAgreement()  # one round per graph, counted per compiler
 
     def __repr__(self) -> str:
         inner = self.inner if self.inner is None or isinstance(self.inner, str) else getattr(
@@ -77,7 +79,7 @@ class GraphPassCompiler:
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
         result = run_graph_pass(
             gm, meshes=self.meshes, groups=self.groups,
-            cost=self.options.get("cost"), prefer=self.options.get("prefer", "time"),
+            cost=self.options.get("cost"), prefer=self.options.get("prefer", "time"), agreement=self.agreement,
         )  # fmt: skip
         self.results.append(result)
         self.graphs += 1

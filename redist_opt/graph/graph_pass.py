@@ -62,7 +62,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
 from redist_opt.graph import agreement, chain_placements, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate
 from redist_opt.graph import chain as chain_model
-from redist_opt.graph.agreement import agree_slice_dims
+from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
@@ -74,7 +74,7 @@ from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
 
-__all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "count_collectives"]
+__all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "SliceAgreement", "count_collectives"]
 
 @dataclasses.dataclass
 class ChainResult:
@@ -176,6 +176,7 @@ def optimize_graph(
     all_gather=None,
     max_collectives: str = "torch",
     reassociate: bool = True,
+    agreement: SliceAgreement | None = None,
 ) -> GraphPassResult:
     """Raise, optimize and lower back every collective chain of ``gm``, in place; then
     (``reassociate=True``) fold adds of all_reduced values into one all_reduce of the
@@ -190,17 +191,22 @@ def optimize_graph(
     ``groups``: "existing" (only process groups that exist) or "create"
     (flattened groups created at compile time, in graph order).
     ``cost`` / ``prefer`` / ``max_collectives``: as for :func:`redist_opt.optimize`.
-    ``all_gather``: how ranks agree on the mesh dims of constant-index slices,
-    ``all_gather(facts) -> every rank's facts, or a reason string``, called once per
-    chain that needs it (default: through the default group's store, among the ranks
-    compiling the same program, bounded in time; see :mod:`redist_opt.graph.agreement`).
+    ``agreement``: how ranks agree on the mesh dims of constant-index slices, one
+    round per graph (:class:`~redist_opt.graph.agreement.SliceAgreement`: through the
+    default group's store, among the ranks compiling the same program, bounded in
+    time). It counts the rounds of each graph, so a compiler passes the same one for
+    every graph it compiles (``redist_opt.backend`` does); None: a new one.
+    ``all_gather``: ``all_gather(facts) -> every rank's facts, or a reason string``,
+    called once per graph instead of the store (with ``agreement=None``).
     """
+    if agreement is None:
+        agreement = SliceAgreement(all_gather)
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), all_gather, reassociate)
+        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate)
 
 
-def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=True) -> GraphPassResult:
+def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=True) -> GraphPassResult:
     """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
@@ -211,7 +217,7 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     chains, not_raised = find_chains(graph, contexts) if contexts else ([], [])
     if not contexts and count_collectives(graph):
         not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
-    failed = _agree(chains, all_gather)
+    failed, notes = _agree(graph, chains, agreement)
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()
@@ -230,6 +236,8 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
         res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice, rival)
         if chain.stop_reason and not res.rewritten:
             res.reason += f"; the chain stops before {chain.stop_reason}"
+        if ci in notes:
+            res.reason += f"; {notes[ci]}"
         results.append(res)
         if dump_dir is not None:
             _write(dump_dir, f"{tag}.chain{ci:02d}.txt", _chain_dump(chain, res, plans))
@@ -253,19 +261,33 @@ def _optimize_graph(gm, meshes, groups, cost, choice, all_gather, reassociate=Tr
     return result
 
 
-def _agree(chains: list[Chain], all_gather) -> dict[int, tuple[int, str]]:
-    """Agree on every chain's slices (:func:`agree_slice_dims`); the part of a chain
-    after a slice that could not be agreed is appended to ``chains`` as a chain of its
-    own (its collectives can still be rewritten) and agreed in a round of its own."""
+def _agree(graph, chains: list[Chain], agreement: SliceAgreement):
+    """Give every chain's slices their mesh dims, agreed in one round for the graph;
+    the part of a chain after a slice that could not be agreed is appended to
+    ``chains`` as a chain of its own (its collectives can still be rewritten).
+    Returns ({chain index: (position of the first unagreed slice, why)},
+    {chain index: a note on where its slice dims came from})."""
+    agreed = agreement.agree(graph, chains)
     failed: dict[int, tuple[int, str]] = {}
-    todo = list(range(len(chains)))
-    while todo:
-        got = agree_slice_dims([chains[i] for i in todo], all_gather)
-        failed.update({todo[j]: f for j, f in got.items()})
-        rest = [c for j, (pos, _) in sorted(got.items()) if (c := after(chains[todo[j]], pos)) is not None]
-        todo = list(range(len(chains), len(chains) + len(rest)))
-        chains.extend(rest)
-    return failed
+    notes: dict[int, str] = {}
+    ci = 0
+    while ci < len(chains):
+        chain = chains[ci]
+        for pos, op in enumerate(chain.ops):
+            if op.kind != "slice":
+                continue
+            first = op.nodes[0]
+            if first in agreed.failed:
+                failed[ci] = (pos, agreed.failed[first])
+                rest = after(chain, pos)
+                if rest is not None:
+                    chains.append(rest)
+                break
+            chain.ops[pos] = dataclasses.replace(op, dims=agreed.dims[first])
+            if first in agreed.notes:
+                notes[ci] = agreed.notes[first]
+        ci += 1
+    return failed, notes
 
 
 def _settle(chain: Chain, failure, not_raised: list) -> bool:
@@ -409,8 +431,8 @@ class RedistGraphPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         self.results.append(
-            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost,
-                           prefer=self.prefer, all_gather=_no_agreement, max_collectives=self.max_collectives)
+            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost, prefer=self.prefer,
+                           agreement=SliceAgreement(_no_agreement), max_collectives=self.max_collectives)
         )
 
     def uuid(self):

@@ -7,19 +7,22 @@ whose ranks, through this rank's coordinate, are the group's ranks in order.
 :func:`mesh_contexts` lists the meshes to search, in the same order on every
 rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
 (torchtitan), matched through their layouts in the root's index space
-(:mod:`redist_opt.ir.layout`).
+(:mod:`redist_opt.ir.layout`). What the search needs of each mesh (its root, the
+root dims it spans, its layouts key, its MeshSpec) is read once per mesh
+(:func:`redist_opt.api.specs.mesh_facts`, cached per mesh, shared with the eager
+path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import math
 from collections.abc import Sequence
 
 from torch.distributed.device_mesh import DeviceMesh
 
+from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.runtime.torch_dtensor import process_group_ranks
@@ -43,6 +46,7 @@ class MeshContext:
     # Whether a mesh given to the pass stands for this context (else it is a sibling
     # view of a given mesh's root, searched after the given ones).
     given: bool = True
+    facts: MeshFacts | None = dataclasses.field(default=None, repr=False)
 
     def ranks_of(self, dims: Sequence[int]) -> list[int]:
         """Global ranks of the group over ``dims`` (row-major, first dim slowest) holding this rank."""
@@ -94,47 +98,45 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
     """
     given = meshes is not None
     if meshes is None:
-        meshes = _live_meshes()
+        meshes = live_meshes()
     elif isinstance(meshes, DeviceMesh):
         meshes = [meshes]
-    live = _live_meshes() if given and not all(_spans_root(m) for m in meshes) else meshes
-    views = sorted((v for v in live if _alive(v) and L.is_full_view(v)), key=_view_order)
+    facts = {id(m): f for m in meshes if (f := _facts(m)) is not None}  # a view whose root is gone: skipped
+    meshes = [m for m in meshes if id(m) in facts]
+    live = meshes
+    if given and any(facts[id(m)].root_dims is None for m in meshes):
+        live = live_meshes()
+        facts.update({id(m): f for m in live if id(m) not in facts and (f := _facts(m)) is not None})
+    views = sorted((v for v in live if id(v) in facts and facts[id(v)].full_view),
+                   key=lambda v: _view_order(v, facts[id(v)]))
     contexts: dict[tuple, MeshContext] = {}
     for m in meshes:
-        if not _alive(m):  # a view whose root mesh was garbage-collected
-            continue
-        base, spanned = _base_of(m, views)
-        ctx = _context(contexts, base, given=True)
+        base, spanned = _base_of(m, facts, views)
+        ctx = _context(contexts, base, facts[id(base)] if id(base) in facts else _facts(base), given=True)
         if ctx is not None:
             spanned = spanned if given and spanned is not None else tuple(range(ctx.spec.ndim))
             ctx.scope_dims = tuple(sorted(set(ctx.scope_dims) | set(spanned)))
-    roots = {id(L.root_mesh(c.device_mesh)) for c in contexts.values()}
+    roots = {id(c.facts.root) for c in contexts.values()}
     for v in views:  # sibling views of the same roots: later in the search order
-        if id(L.root_mesh(v)) in roots:
-            ctx = _context(contexts, v, given=False)
+        if id(facts[id(v)].root) in roots:
+            ctx = _context(contexts, v, facts[id(v)], given=False)
             if ctx is not None and not ctx.scope_dims:
                 ctx.scope_dims = tuple(range(ctx.spec.ndim))
     return sorted(contexts.values(), key=lambda c: (not c.given, *_context_order(c)))
 
 
-def _alive(m) -> bool:
+def _facts(m) -> MeshFacts | None:
     try:
-        L.root_mesh(m)
-        return True
-    except ReferenceError:
-        return False
+        return mesh_facts(m)
+    except ReferenceError:  # a view whose root mesh was garbage-collected
+        return None
 
 
-def _spans_root(m) -> bool:
-    return not _alive(m) or L.root_dims_spanned(m) is not None
-
-
-def _base_of(m, views):
+def _base_of(m, facts: dict, views):
     """(mesh whose dims ``m`` is a set of, the dims it spans there)."""
-    root = L.root_mesh(m)
-    spanned = L.root_dims_spanned(m)
-    if spanned is not None:
-        return root, spanned
+    f = facts[id(m)]
+    if f.root_dims is not None:
+        return f.root, f.root_dims
     for v in views:
         spanned = L.dims_spanned(v, m)
         if spanned is not None:
@@ -142,41 +144,30 @@ def _base_of(m, views):
     return m, tuple(range(m.ndim))
 
 
-def _context(contexts: dict, mesh, *, given: bool) -> MeshContext | None:
-    key = L.view_key(mesh)
-    ctx = contexts.get(key)
+def _context(contexts: dict, mesh, facts: MeshFacts | None, *, given: bool) -> MeshContext | None:
+    if facts is None:
+        return None
+    ctx = contexts.get(facts.view_key)
     if ctx is None:
         coord = mesh.get_coordinate()
         if coord is None:
             return None
-        ctx = contexts[key] = MeshContext(
-            mesh, MeshSpec.from_device_mesh(mesh), tuple(int(c) for c in coord), mesh.mesh.tolist(), given=given
+        ctx = contexts[facts.view_key] = MeshContext(
+            mesh, facts.spec, tuple(int(c) for c in coord), mesh.mesh.tolist(), given=given, facts=facts
         )
     return ctx
 
 
-def _view_order(m) -> tuple:
-    sizes = m.mesh.shape
-    return (-len(sizes), -sum(s > 1 for s in sizes), tuple(sizes), m.mesh_dim_names or (), repr(m.mesh.tolist()))
+def _view_order(m, f: MeshFacts) -> tuple:
+    sizes = f.spec.sizes
+    return (-len(sizes), -sum(s > 1 for s in sizes), tuple(sizes), f.spec.names or (), repr(m.mesh.tolist()))
 
 
 def _context_order(c: MeshContext) -> tuple:
     return (
-        -c.spec.ndim, -sum(s > 1 for s in c.spec.sizes), -len(L.flattened_meshes(c.device_mesh)), c.spec.sizes,
+        -c.spec.ndim, -sum(s > 1 for s in c.spec.sizes), -c.facts.flattened, c.spec.sizes,
         c.spec.names or (), repr(c.rank_map),
     )
-
-
-def _live_meshes() -> list:
-    """Every live DeviceMesh of this process."""
-    out = []
-    for o in gc.get_objects():
-        try:
-            if isinstance(o, DeviceMesh):
-                out.append(o)
-        except ReferenceError:  # a weakref.proxy whose referent is gone
-            continue
-    return out
 
 
 def resolve_group_name(name, contexts: Sequence[MeshContext], cache: dict):

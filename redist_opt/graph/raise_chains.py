@@ -43,10 +43,11 @@ left exactly as it was and a one-line reason is recorded):
    rank's own block over one ordered set of mesh dims, the same set on every rank
    that compiles the same program: each rank lists the dim sets whose block index
    is its constant (from its mesh coordinate), and the ranks intersect their lists
-   (:func:`redist_opt.graph.agreement.agree_slice_dims`: an exchange through the
-   default group's store at compile time on a real backend, keyed by the chain and
-   the mesh, bounded in time; a failed or timed-out round leaves the chain as
-   traced from the slice on, on every rank of it). Only dim sets whose coordinates
+   (:class:`redist_opt.graph.agreement.SliceAgreement`: one exchange per graph
+   through the default group's store at compile time on a real backend, keyed by
+   the graph and the mesh, bounded in time; a failed or timed-out round leaves the
+   chain as traced from the slice on, on every rank of it, unless an earlier round
+   of the same chain answered for every rank present). Only dim sets whose coordinates
    vary among those ranks count, so a constant that user code wrote (the same on
    every rank: ``chunk(n)[0]``) never matches, whatever the graph's metadata says.
    A slice that DTensor's redistribute put there (``node.meta["source_fn_stack"]``)

@@ -11,8 +11,6 @@ The same programs on real gloo ranks: ``test_graph_pass_semantics``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -20,31 +18,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from redist_opt.graph.graph_pass import count_collectives, optimize_graph
-from redist_opt.graph.mesh_groups import mesh_contexts
+from support.slice_facts import other_ranks
 
 
 @pytest.fixture(scope="module")
 def mesh3():
     # 8 of the session's 16 fake ranks; this process is rank 0 (coordinate (0, 0, 0)).
     return DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
-
-
-def _other_ranks(mesh, index_of):
-    """``all_gather`` standing in for the mesh's ranks: rank r's candidates for each
-    slice of 2 blocks are the single dims whose coordinate is ``index_of(coord_r)``."""
-    ctx = mesh_contexts(mesh)[0]
-    coords = [tuple(int(c) for c in (torch.arange(8).view(2, 2, 2) == r).nonzero()[0]) for r in range(8)]
-
-    def all_gather(facts):
-        out = []
-        for coord in coords:
-            other = dataclasses.replace(ctx, coord=coord)
-            k = index_of(coord)
-            out.append([sorted(d for d in other.candidate_dims(2) if other.block_index(d) == k)
-                        for _ in facts])
-        return out
-
-    return all_gather
 
 
 def _weight_gather(mesh, t):
@@ -70,7 +50,7 @@ def test_autoparallel_shaped_chain_raises_by_agreement(mesh3):
     gm = _trace(_weight_gather(mesh3, t), (2, 8))
     assert not any("source_fn_stack" in n.meta for n in gm.graph.nodes)
     before = count_collectives(gm)
-    result = optimize_graph(gm, meshes=mesh3, all_gather=_other_ranks(mesh3, lambda c: c[2]))
+    result = optimize_graph(gm, meshes=mesh3, all_gather=other_ranks(mesh3, lambda c: c[2]))
     assert before == {"all_gather": 3}
     assert result.modified, result.explain()
     assert "S(0),R,S(0) -> R,R,S(0)" in result.explain()
@@ -80,7 +60,7 @@ def test_autoparallel_shaped_chain_raises_by_agreement(mesh3):
 def test_constant_index_is_refused_when_other_ranks_differ(mesh3):
     gm = _trace(_weight_gather(mesh3, 0), (2, 8))  # index 0 on every rank: user code
     code = gm.code
-    result = optimize_graph(gm, meshes=mesh3, all_gather=_other_ranks(mesh3, lambda c: 0))
+    result = optimize_graph(gm, meshes=mesh3, all_gather=other_ranks(mesh3, lambda c: 0))
     assert gm.code == code and not result.modified
     assert "cannot be proven to select this rank's block" in result.explain()
 
@@ -93,46 +73,22 @@ def test_without_agreement_the_fake_backend_leaves_it(mesh3):
     assert "fake backend cannot give" in result.explain()
 
 
-def test_a_chain_of_unknown_origin_is_agreed_afresh_on_every_compile(mesh3, monkeypatch):
+def test_rounds_of_one_graph_are_counted_per_compiler_and_reset_by_clear_caches():
     """On the rank of coordinate 0 a user's constant ``[0]`` reads exactly like the
-    rank-dependent slice compiled before it; on the other ranks it does not. So the
-    second compile must not reuse the first one's answer: a new round (key) every time,
-    which names the earlier one (for the warning of a lone recompile)."""
-    from redist_opt.graph import agreement
+    rank-dependent slice compiled before it; on the other ranks it does not. So a
+    second compile of the same graph text must not reuse the first one's answer: each
+    round of a graph hash is a new key, counted on the compiler's agreement (not in
+    the module), and ``clear_caches()`` restarts the count."""
+    import redist_opt
+    from redist_opt.graph.agreement import SliceAgreement
 
-    rounds = []
-    real = agreement.agreement_for
-    monkeypatch.setattr(agreement, "agreement_for", lambda chain, facts: rounds.append(real(chain, facts)) or rounds[-1])
-    t = mesh3.get_coordinate()[2]
-    assert t == 0  # so both traces below are the same graph on this rank
-    first = optimize_graph(_trace(_weight_gather(mesh3, t), (2, 8)), meshes=mesh3,
-                           all_gather=_other_ranks(mesh3, lambda c: c[2]))
-    second = optimize_graph(_trace(_weight_gather(mesh3, 0), (2, 8)), meshes=mesh3,
-                            all_gather=_other_ranks(mesh3, lambda c: 0))
-    # the second compile: the whole chain, then the gathers after the refused slice
-    assert first.modified and not second.modified
-    assert len(rounds) == 3 and rounds[0].key != rounds[1].key
-    assert rounds[1].earlier == rounds[0].key and rounds[1].ranks == rounds[0].ranks
-
-
-def test_a_lone_recompile_after_a_committed_round_keeps_the_chain_and_warns(monkeypatch):
-    """Rank 0 alone asks a round of a chain whose earlier round (with rank 1) was
-    committed: it gives up in bounded time, and warns, since rank 1 may run the rewrite."""
-    import pickle
-
-    from torch.distributed import HashStore
-
-    from redist_opt.graph import agreement
-
-    store = HashStore()
-    monkeypatch.setattr(agreement, "_store_or_reason", lambda: store)
-    store.set(f"{agreement._KEY_PREFIX}/k1/1", pickle.dumps([[(0,)]]))
-    (both,) = agreement.store_exchange([agreement.Agreement("k1", (0, 1), [[(0,)]])], timeout_s=5)
-    assert both == [[[(0,)]], [[(0,)]]]
-    with pytest.warns(UserWarning, match="may not match the rewritten ones"):
-        (lone,) = agreement.store_exchange([agreement.Agreement("k2", (0, 1), [[(0,)]], earlier="k1")],
-                                           timeout_s=0.05)
-    assert "not every rank of [0, 1]" in lone
+    one, other = SliceAgreement(), SliceAgreement()
+    first, second = one._round_key("graph"), one._round_key("graph")
+    assert first != second and first.endswith("/1") and second.endswith("/2")
+    assert other._round_key("graph") == first  # another compiler starts at 1 too
+    redist_opt.clear_caches()
+    again = one._round_key("graph")
+    assert again.endswith("/1") and again != first  # a new cache generation
 
 
 def test_collectives_after_a_refused_slice_are_raised_on_their_own(mesh3):
