@@ -28,7 +28,7 @@ from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.groups import resolve_group
 
-__all__ = ["execute", "check_local_shape", "rank_coordinates"]
+__all__ = ["execute", "check_local_shape", "rank_coordinates", "apply_local_op", "run_collective", "input_shape"]
 
 
 # -- coordinates ----------------------------------------------------------------
@@ -72,6 +72,12 @@ def _chunks(t: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
         shape[dim] = 0
         parts.append(t.new_zeros(shape))
     return parts
+
+
+def apply_local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """The local op ``name`` on ``t`` with integer ``params``: the one entry point
+    both ``execute`` and the specialized programs (``runtime.specialize``) call."""
+    return _local_op(name, t, params)
 
 
 def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
@@ -160,7 +166,7 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
     ints = [int(p) if isinstance(p, sym.sympy.Basic) and not p.free_symbols else p for p in params]
     per_rank_tensors = tdt.is_per_rank(x) and tdt.local_tensor_mode() is not None
     if not symbolic and not per_rank_tensors:
-        return _local_op(name, x, ints)
+        return apply_local_op(name, x, ints)
 
     def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
         vals = list(ints)
@@ -168,7 +174,7 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
             c = coords if isinstance(coords, tuple) else coords[rank]
             for i in symbolic:
                 vals[i] = sym.evaluate(params[i], c)
-        return _local_op(name, t, vals)
+        return apply_local_op(name, t, vals)
 
     if not per_rank_tensors:
         return on_rank(-1, x)
@@ -202,7 +208,7 @@ def _all_to_all(x: torch.Tensor, group, n: int, split_dim, cat_dim: int) -> torc
     return torch.cat(pieces, dim=cat_dim)
 
 
-def _run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.Tensor:
+def run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.Tensor:
     group: MeshGroup = params[0]
     if name == "all_reduce":
         return funcol.all_reduce(x, reduceOp=params[1], group=pg)
@@ -240,6 +246,11 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
             )
 
 
+def input_shape(gm: fx.GraphModule) -> tuple:
+    """The local shape (size expressions) a plan's graph takes as input."""
+    return next(iter(gm.graph.nodes)).meta["shape"]
+
+
 def execute(
     gm: fx.GraphModule,
     local_tensor: torch.Tensor,
@@ -251,7 +262,7 @@ def execute(
     """Run the IR chain on this rank's local tensor (or every simulated rank's)."""
     coords = None
     x = local_tensor
-    check_local_shape(next(iter(gm.graph.nodes)).meta["shape"], x, device_mesh)
+    check_local_shape(input_shape(gm), x, device_mesh)
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:
@@ -259,7 +270,7 @@ def execute(
         params = node.args[1:]
         if node.target.is_collective:
             pg = resolve_group(device_mesh, params[0], groups)
-            x = _run_collective(name, x, params, pg)
+            x = run_collective(name, x, params, pg)
             if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
                 x = x.wait()
         else:
