@@ -110,11 +110,12 @@ def _groups(groups):
                 f"groups={groups!r}: expected 'existing', 'create' or a list of allowed groups"
             )
         return groups
-    if not isinstance(groups, Sequence) or not all(isinstance(g, str) for g in groups):
+    if not isinstance(groups, (Sequence, set, frozenset)):
         raise RedistributeError(
             f"groups={groups!r}: expected 'existing', 'create' or a list of mesh-dim groups such as ['dp+cp']"
         )
-    return tuple(groups)
+    # each group is checked against the mesh by optimize (names or dims it must have)
+    return tuple(tuple(g) if isinstance(g, list) else g for g in groups)
 
 
 def _passes(passes):
