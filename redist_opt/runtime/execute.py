@@ -89,7 +89,7 @@ def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
         total = math.prod(counts)
         if t.size(dim) % total == 0:
             return t.contiguous()
-        full = sym.evaluate(sym.nested_max_chunk(t.size(dim), counts), ())
+        full = sym.nested_chunk_sizes(t.size(dim), counts)[0]  # the first piece is the largest (ints, no sympy)
         pieces = [t]
         for n in counts:
             pieces = [c for p in pieces for c in _chunks(p, dim, n)]
