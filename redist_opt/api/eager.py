@@ -6,8 +6,8 @@ not lower runs through torch's own function (merge pass on, as torch runs it,
 unless the input hits its uneven all_gather merge bug), with a warning once per reason.
 
 A plan runs, outside tracing, as one of two runners built once per hot plan,
-mesh and rank: torch's own function where the optimized plan is torch's shipped
-plan op for op, else a program specialized to this rank
+mesh and rank: torch's own function where it runs exactly our plan, else a
+program specialized to this rank
 (``runtime.specialize``: integers, resolved groups, a list of steps). A call
 seen before (same specs, dtype and options) finds its runner with one lookup
 (:func:`cached_runner`, what ``enabled()``'s routed function asks first). While
@@ -136,15 +136,18 @@ planning.CLEAR_HOOKS.append(_cached_calls.clear)
 
 def _runner(hot: HotPlan, current_spec, target_spec, local_tensor, *, may_hand_back: bool):
     """What runs ``hot`` on this mesh and rank (built once per hot plan, mesh and
-    LocalTensorMode): torch's own function where our plan is torch's (and torch runs
-    it correctly), else the plan specialized to this rank."""
+    LocalTensorMode): torch's own function where it runs exactly our plan (ours is
+    the naive plan, and torch's merge pass merges none of its steps: asking torch's
+    planner, not our model of it, keeps torch's merges, which may round integer
+    averages differently or hit its uneven all_gather bug, out), else the plan
+    specialized to this rank."""
     device_mesh = current_spec.mesh
     key = (id(device_mesh), L.flattened_count(L.root_mesh(device_mesh)), id(tdt.local_tensor_mode()), may_hand_back)
     hit = hot.runners.get(key)
     if hit is not None and hit[0]() is device_mesh:
         return hit[1]
-    if may_hand_back and hot.matches_torch() and not tdt.hits_uneven_all_gather_merge(current_spec, target_spec):
-        run = _torch_runner
+    if may_hand_back and hot.is_naive() and tdt.torch_runs_unmerged(current_spec, target_spec):
+        run = _torch_runner  # torch's function runs exactly our plan
     else:
         run = _program_runner(_specialize_or_unmerged(hot, device_mesh))
     hot.runners[key] = (weakref.ref(device_mesh), run)

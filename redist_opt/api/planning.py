@@ -16,7 +16,6 @@ from redist_opt.ir import plan as plan_module
 from redist_opt.ir.ops import ir_name
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.plan import Plan, make_plan
-from redist_opt.ir.torch_merge import torch_merged_plan
 
 __all__ = ["plan", "optimize", "plans_for", "HotPlan", "clear_caches"]
 
@@ -71,22 +70,21 @@ class HotPlan:
     """A cached ``(naive, optimized)`` plan pair (unpacks as that pair), and what runs
     it on a cached eager call (``api.eager`` fills ``runners``)."""
 
-    __slots__ = ("naive", "opt", "options", "runners", "_matches_torch")
+    __slots__ = ("naive", "opt", "options", "runners", "_is_naive")
 
     def __init__(self, naive: Plan, opt: Plan, options: PlanOptions) -> None:
         self.naive, self.opt, self.options = naive, opt, options
         self.runners: dict = {}
-        self._matches_torch: bool | None = None
+        self._is_naive: bool | None = None
 
     def __iter__(self):
         return iter((self.naive, self.opt))
 
-    def matches_torch(self) -> bool:
-        """Whether the optimized plan is torch 2.13's shipped plan (merge pass on), op
-        for op: then torch's own function runs it (computed once)."""
-        if self._matches_torch is None:
-            self._matches_torch = not self.naive.fallback and _ops(self.opt) == _ops(torch_merged_plan(self.naive))
-        return self._matches_torch
+    def is_naive(self) -> bool:
+        """Whether the optimized plan is the naive one (torch's greedy steps), op for op."""
+        if self._is_naive is None:
+            self._is_naive = not self.naive.fallback and _ops(self.opt) == _ops(self.naive)
+        return self._is_naive
 
 
 def _ops(p: Plan) -> tuple:
