@@ -110,17 +110,21 @@ class _CachedCall:
 
 def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions):
     """How a call seen before runs (``run(local, current_spec, target_spec, async_op,
-    is_explicit=False)``), or None: not seen, traced, under a DebugMode (which records
-    what the first path says), or the mesh's groups changed since."""
-    if tdt.are_we_tracing() or tdt.debug_mode_active():
+    is_explicit=False)``), or None: not seen, the mesh's groups changed since, or
+    (for our program) traced or under a DebugMode, which the first path handles.
+    torch's function, where it runs our plan, handles tracing and DebugMode itself."""
+    try:
+        hit = _cached_calls.get((current_spec, target_spec, local_tensor.dtype, options))
+    except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
         return None
-    hit = _cached_calls.get((current_spec, target_spec, local_tensor.dtype, options))
     if (
         hit is None
         or hit.mesh_ref() is not current_spec.mesh
         or hit.flattened != L.flattened_count(hit.root)
         or hit.local_mode is not tdt.local_tensor_mode()
     ):
+        return None
+    if hit.run is not _torch_runner and (tdt.are_we_tracing() or tdt.debug_mode_active()):
         return None
     return hit.run
 
