@@ -106,12 +106,7 @@ class Emitter:
 
 def rank_params(params, coord) -> list:
     """An op's parameters on the rank at ``coord``: size expressions evaluated, as execute does."""
-    out = []
-    for p in params:
-        if isinstance(p, sym.sympy.Basic):
-            p = sym.evaluate(p, coord) if p.free_symbols else int(p)
-        out.append(p)
-    return out
+    return list(sym.evaluate_params(params, coord))
 
 
 def _chunk_bounds(size: int, n: int, index: int) -> tuple[int, int]:

@@ -24,10 +24,9 @@ on restore, which is what they would have imported outside.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 
-from redist_opt.runtime.torch_dtensor import REDISTRIBUTE_LOCAL_PATCH_POINTS, TORCH_REDISTRIBUTE_LOCAL
+from redist_opt.runtime.torch_dtensor import REDISTRIBUTE_LOCAL_PATCH_POINTS, TORCH_REDISTRIBUTE_LOCAL, importable
 
 __all__ = ["RedistributeLocalPatch", "install_redistribute_local", "restore_redistribute_local"]
 
@@ -95,11 +94,7 @@ def install_redistribute_local(replacement) -> RedistributeLocalPatch:
     :func:`restore_redistribute_local` needs."""
     _scan_new_modules()
     previous = {}
-    for name in REDISTRIBUTE_LOCAL_PATCH_POINTS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # another torch version
-            continue
+    for module in importable(REDISTRIBUTE_LOCAL_PATCH_POINTS):
         if hasattr(module, NAME):
             previous[(module, NAME)] = getattr(module, NAME)
     for module, attr, _ in _known.values():

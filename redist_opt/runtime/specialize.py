@@ -81,23 +81,13 @@ def specialize(gm: fx.GraphModule, device_mesh, *, groups="existing") -> RankPro
             coords = rank_coordinates(device_mesh)
         per_rank = isinstance(coords, dict)
         if per_rank:
-            values = {r: _ints(params, c) for r, c in coords.items()}
+            values = {r: sym.evaluate_params(params, c) for r, c in coords.items()}
             text.append(f"{name} per rank {values}")
         else:
-            values = _ints(params, coords)
+            values = sym.evaluate_params(params, coords)
             text.append(f"{name}{values}")
         steps.append(_local_step(name, values, per_rank))
     return RankProgram(steps, text)
-
-
-def _ints(params, coords) -> tuple:
-    """``params`` with every size expression evaluated at ``coords``."""
-    out = []
-    for p in params:
-        if isinstance(p, sym.sympy.Basic):
-            p = sym.evaluate(p, coords) if p.free_symbols else int(p)
-        out.append(p)
-    return tuple(out)
 
 
 def _collective_step(name: str, params: tuple, group_name: str):

@@ -65,6 +65,7 @@ __all__ = [
     "TORCH_REDISTRIBUTE_COST",
     "TORCH_COST_UNITS_PER_SECOND",
     "REDISTRIBUTE_COST_PATCH_POINTS",
+    "importable",
     "install_redistribute_cost",
     "restore_redistribute_cost",
     "clear_sharding_strategy_caches",
@@ -120,15 +121,22 @@ TORCH_COST_UNITS_PER_SECOND = 1e6
 REDISTRIBUTE_COST_PATCH_POINTS = ("torch.distributed.tensor._ops.utils",)
 
 
+def importable(names) -> list:
+    """The modules of ``names`` this torch has (patch points move between versions)."""
+    found = []
+    for name in names:
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:  # another torch version
+            continue
+    return found
+
+
 def install_redistribute_cost(replacement) -> dict:
     """Point each cost patch point's ``redistribute_cost`` at ``replacement``;
     returns {module: previous value} for :func:`restore_redistribute_cost`."""
     previous = {}
-    for name in REDISTRIBUTE_COST_PATCH_POINTS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # another torch version
-            continue
+    for module in importable(REDISTRIBUTE_COST_PATCH_POINTS):
         if hasattr(module, "redistribute_cost"):
             previous[module] = module.redistribute_cost
             module.redistribute_cost = replacement
