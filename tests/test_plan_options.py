@@ -87,3 +87,14 @@ def test_every_entry_point_takes_options_or_its_fields():
     assert redist_opt.backend("aot_eager", options=options).options is options
     with pytest.raises(RedistributeError, match="options="):
         redist_opt.optimize(_plan(), options={"groups": "create"})
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [lambda **o: redist_opt.redistribute(None, "R", **o), lambda **o: redist_opt.redistribute_cost(None, None, **o),
+     lambda **o: redist_opt.backend("aot_eager", **o), lambda **o: redist_opt.optimize(_plan(), **o)],
+    ids=["redistribute", "redistribute_cost", "backend", "optimize"],
+)
+def test_each_entry_point_checks_the_options_first(entry):
+    with pytest.raises(RedistributeError, match="cost=3"):
+        entry(cost=3)
