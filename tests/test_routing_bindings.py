@@ -155,25 +155,29 @@ def test_outside_blocks_every_binding_is_torchs_function_after_threaded_nested_b
     from torch.distributed.tensor import _redistribute
 
     patch_points = [importlib.import_module(n) for n in tdt.REDISTRIBUTE_LOCAL_PATCH_POINTS]
-    barrier = threading.Barrier(3)
+    entered, main_left = threading.Barrier(3), threading.Event()
+
+    seen = []
 
     def worker():
         with redist_opt.enabled():
-            barrier.wait(10)
+            entered.wait(10)
             with redist_opt.enabled(groups="create"):
-                assert user_module.rlt is ROUTED
-            barrier.wait(10)
+                seen.append(user_module.rlt is ROUTED and routing.active_options().groups == "create")
+            main_left.wait(10)  # leave only after the main thread checked
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
     with redist_opt.enabled():
         for t in threads:
             t.start()
-        barrier.wait(10)
+        entered.wait(10)
         assert all(m.redistribute_local_tensor is ROUTED for m in patch_points)
-    barrier.wait(10)  # the main block left first; the workers' blocks still route
+    # the main block left first; the workers' blocks still route
     assert _redistribute.redistribute_local_tensor is ROUTED
+    main_left.set()
     for t in threads:
         t.join(10)
+    assert seen == [True, True]
     assert routing.active_options() is None
     assert all(m.redistribute_local_tensor is TORCH_FN for m in patch_points)
     assert user_module.redistribute_local_tensor is TORCH_FN and user_module.rlt is TORCH_FN
