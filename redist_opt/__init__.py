@@ -17,6 +17,7 @@ from redist_opt.api import (
 )
 from redist_opt.graph.backend import backend
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, parse_placement, parse_placements
 from redist_opt.ir.plan import Plan
 from redist_opt.runtime.execute import execute
@@ -36,6 +37,7 @@ __all__ = [
     "MeshSpec",
     "MeshGroup",
     "Plan",
+    "PlanOptions",
     "RedistributeError",
     "parse_placement",
     "parse_placements",

@@ -25,13 +25,14 @@ merged), or torch's own merges (``torch_merged_plan``, always within the cap).
 ``max_collectives="any"`` skips the cap: the cost model may trade launches for bytes.
 The cap applies to the default pipeline; a pass list the caller chose runs as given.
 
-Results are cached by (plan key, groups policy, pass list, cost, prefer, cap), so the
+Results are cached by (plan, :class:`~redist_opt.ir.options.PlanOptions`), so the
 eager hot path pays one dictionary lookup per redistribute after the first; a
 run with ``on_change`` is not cached (every run reports).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -41,7 +42,8 @@ from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import Note, Plan
-from redist_opt.ir.torch_merge import MAX_COLLECTIVES, torch_merged_plan
+from redist_opt.ir.options import PlanOptions
+from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.passes import (
     DEFAULT_PIPELINE,
     MergeAllGathers,
@@ -73,35 +75,26 @@ ORDER = [
 ]
 
 
-def run_pipeline(
-    p: Plan, *, groups="existing", passes=None, cost=None, prefer="time", on_change: OnChange | None = None,
-    max_collectives: str = "torch",
-) -> Plan:
-    if max_collectives not in MAX_COLLECTIVES:
-        raise RedistributeError(f"max_collectives={max_collectives!r}: expected one of {MAX_COLLECTIVES}")
-    groups_key = groups if isinstance(groups, str) else tuple(groups)
-    pass_key = None if passes is None else tuple(passes)
-    if cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
+def run_pipeline(p: Plan, options: PlanOptions | None = None, *, on_change: OnChange | None = None,
+                 **fields) -> Plan:
+    """``p`` optimized under ``options`` (or ``PlanOptions.of(options, **fields)``)."""
+    options = PlanOptions.of(options, **fields)
+    if options.cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
         cost, source = resolve_cost(p.mesh)
+        options = dataclasses.replace(options, cost=cost)
     else:
         source = "passed as cost="
     if on_change is not None:  # reporting: run uncached, so every run reports
-        return _run_capped(p, groups_key, pass_key, cost, prefer, source, max_collectives, on_change)
-    return _run_capped(p, groups_key, pass_key, cost, prefer, source, max_collectives)
-
-
-def _run_capped(p: Plan, groups, passes, cost, prefer, source, max_collectives, on_change=None) -> Plan:
-    if on_change is not None:
-        result = _run_cached.__wrapped__(p, groups, passes, cost, prefer, source, on_change)
+        result = _run_cached.__wrapped__(p, options, source, on_change)
     else:
-        result = _run_cached(p, groups, passes, cost, prefer, source)
-    if max_collectives == "any" or p.fallback or passes is not None:
+        result = _run_cached(p, options, source)
+    if options.max_collectives == "any" or p.fallback or options.passes is not None:
         return result  # a pass list the caller chose runs as given (``passes=()``: torch's own steps)
-    return _within_cap(p, result, groups, passes, cost, prefer, source)
+    return _within_cap(p, result, options, source)
 
 
 @functools.lru_cache(maxsize=4096)
-def _within_cap(p: Plan, result: Plan, groups, passes, cost, prefer, source) -> Plan:
+def _within_cap(p: Plan, result: Plan, options: PlanOptions, source) -> Plan:
     """``result``, or when it issues more collectives than torch's plan for ``p``, the
     fastest plan that does not (modelled time, then bytes): the pipeline rerun with
     ``prefer="consistency"``, or torch's own merges."""
@@ -109,14 +102,14 @@ def _within_cap(p: Plan, result: Plan, groups, passes, cost, prefer, source) -> 
     cap = torch_plan.num_collectives
     if result.num_collectives <= cap:
         return result
-    options = []
-    if prefer != "consistency":
-        merged = _run_cached(p, groups, passes, cost, "consistency", source)
+    candidates = []
+    if options.prefer != "consistency":
+        merged = _run_cached(p, dataclasses.replace(options, prefer="consistency"), source)
         if merged.num_collectives <= cap:
-            options.append(merged)
-    options.append(torch_plan.replace(
+            candidates.append(merged)
+    candidates.append(torch_plan.replace(
         applied_passes=("torch-merges",), notes=result.notes, cost_profile=result.cost_profile))
-    best = min(options, key=lambda o: (cost.plan_time(o), o.bytes_per_rank))
+    best = min(candidates, key=lambda o: (options.cost.plan_time(o), o.bytes_per_rank))
     note = Note("collective-cap", True, f"kept a plan of {best.num_collectives} collectives",
                 f"the passes' plan issues {result.num_collectives} collectives, torch 2.13 issues {cap}; "
                 f"max_collectives='torch' keeps the fastest plan within torch's count "
@@ -153,15 +146,15 @@ def _constraints(instances: list[_Tracked]) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _run_cached(p: Plan, groups, passes, cost, prefer, source, on_change=None) -> Plan:
-    pass_classes = DEFAULT_PIPELINE if passes is None else list(passes)
+def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
+    pass_classes = DEFAULT_PIPELINE if options.passes is None else list(options.passes)
     if not pass_classes:
         return p
     ctx = PassContext(
-        mesh=p.mesh, shape=p.shape, src=p.src, dtype=p.dtype, groups=groups, cost=cost, prefer=prefer,
-        pipeline=tuple(pass_classes),
+        mesh=p.mesh, shape=p.shape, src=p.src, dtype=p.dtype, groups=options.groups, cost=options.cost,
+        prefer=options.prefer, pipeline=tuple(pass_classes),
     )  # fmt: skip
-    profile = f"{cost.name} ({source})"
+    profile = f"{options.cost.name} ({source})"
     changed: list[str] = []
 
     def snapshot(gm) -> Plan:

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from redist_opt.api import errors, routing
 from redist_opt.ir.placements import placements_str
+from redist_opt.runtime import bindings
 from redist_opt.runtime import torch_dtensor as tdt
 
 # op name (namespace-free) -> the kind reported
@@ -197,11 +198,11 @@ class TransitionLog:
 def record_torch_transitions(log: TransitionLog):
     """Record torch's own redistributions (the plain modes)."""
     wrapper = log.wrap(tdt.TORCH_REDISTRIBUTE_LOCAL, routed=False)
-    previous = tdt.install_redistribute_local(wrapper)
+    previous = bindings.install_redistribute_local(wrapper)
     try:
         yield
     finally:
-        tdt.restore_redistribute_local(previous, wrapper)
+        bindings.restore_redistribute_local(previous, wrapper)
 
 
 @contextlib.contextmanager

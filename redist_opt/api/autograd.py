@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Replicate
 
 from redist_opt.api import eager
+from redist_opt.ir.options import PlanOptions
 from redist_opt.runtime import torch_dtensor as tdt
 
 __all__ = ["apply_redistribute"]
@@ -26,11 +27,12 @@ def _at_dtype(dtensor: DTensor, dtype: torch.dtype):
     return local.to(dtype=dtype), tdt.spec_with_dtype(spec, dtensor, dtype)
 
 
-def apply_redistribute(dtensor: DTensor, device_mesh, placements, async_op: bool, dtype_config: dict, options: dict) -> DTensor:
+def apply_redistribute(dtensor: DTensor, device_mesh, placements, async_op: bool, dtype_config: dict,
+                       options: PlanOptions) -> DTensor:
     """``dtensor`` redistributed to ``placements``, differentiable (twice, like torch's).
 
     ``dtype_config``: {"forward": (op dtype, out dtype), "backward": (op dtype, out
-    dtype)}; ``options``: keyword arguments of ``eager.redistribute_local_tensor``.
+    dtype)}; ``options``: the :class:`~redist_opt.PlanOptions` to plan with.
     """
     return _Redistribute.apply(dtensor, device_mesh, placements, async_op, dtype_config, options)
 
@@ -49,7 +51,7 @@ class _Redistribute(torch.autograd.Function):
         if current_spec.placements != placements:
             target_spec = tdt.make_spec(device_mesh, placements, current_spec.tensor_meta)
             output = eager.redistribute_local_tensor(
-                local, current_spec, target_spec, async_op=async_op, **options
+                local, current_spec, target_spec, async_op=async_op, options=options
             )
         else:
             output, target_spec = local, current_spec
@@ -84,7 +86,7 @@ class _NestedRedistribute(torch.autograd.Function):
         )
         previous_spec = tdt.respec(previous_spec, placements=normalized)
         output = eager.redistribute_local_tensor(
-            local, current_spec, previous_spec, async_op=async_op, **options
+            local, current_spec, previous_spec, async_op=async_op, options=options
         )
         if output.dtype != out_dtype:
             output = output.to(out_dtype)

@@ -22,14 +22,13 @@ DTensor chooses op strategies by our costs (and redistributes through our plans)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt.api.planning import plans_for
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS
 from redist_opt.runtime import torch_dtensor as tdt
 
@@ -57,52 +56,38 @@ def torch_cost_reason(current_spec, target_spec) -> str | None:
     return None
 
 
-def plan_cost(current_spec, target_spec, *, groups="existing", passes=None, cost=None, prefer="time",
-              max_collectives="torch"):
+def plan_cost(current_spec, target_spec, options: PlanOptions):
     """(naive plan, optimized plan, modelled seconds of the optimized plan), or None
     where :func:`torch_cost_reason` gives a reason or the plan falls back to torch."""
     if torch_cost_reason(current_spec, target_spec) is not None:
         return None
-    mesh = current_spec.mesh
-    options = (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer, max_collectives)
     naive, opt = plans_for(
-        spec_of(mesh), current_spec.placements, target_spec.placements,
+        spec_of(current_spec.mesh), current_spec.placements, target_spec.placements,
         tuple(current_spec.shape), current_spec.tensor_meta.dtype, options,
     )  # fmt: skip
     if naive.fallback:
         return None
-    model = cost if cost is not None else cost_module.resolve(opt.mesh)[0]
+    model = options.cost if options.cost is not None else cost_module.resolve(opt.mesh)[0]
     return naive, opt, model.plan_time(opt)
 
 
-def redistribute_cost(
-    current_spec,
-    target_spec,
-    *,
-    groups: str | Sequence = "existing",
-    passes=None,
-    cost=None,
-    prefer: str = "time",
-    max_collectives: str = "torch",
-) -> float:
+def redistribute_cost(current_spec, target_spec, *, options: PlanOptions | None = None, **fields) -> float:
     """torch's ``redistribute_cost`` (same arguments, same units: microseconds), priced
-    by redist_opt's optimized plan: ``plan`` + ``optimize`` with these options (those
-    of :func:`redist_opt.optimize`), on the mesh's groups.
+    by redist_opt's optimized plan: ``plan`` + ``optimize`` with these options (a
+    :class:`~redist_opt.PlanOptions`, or its fields as keywords), on the mesh's groups.
 
     Like torch's: infinite between different meshes, 0 on a rank outside the mesh
     and for equal placements. What redist_opt does not plan is priced by torch's
     function (see :func:`torch_cost_reason`).
     """
+    options = PlanOptions.of(options, **fields)
     if current_spec.mesh != target_spec.mesh:
         return INF
     if not L.rank_in_mesh(current_spec.mesh):
         return 0.0
     if current_spec.placements == target_spec.placements and current_spec.shard_order == target_spec.shard_order:
         return 0.0
-    priced = plan_cost(
-        current_spec, target_spec, groups=groups, passes=passes, cost=cost, prefer=prefer,
-        max_collectives=max_collectives,
-    )  # fmt: skip
+    priced = plan_cost(current_spec, target_spec, options)
     if priced is None:
         return tdt.TORCH_REDISTRIBUTE_COST(current_spec, target_spec)
     return priced[2] * tdt.TORCH_COST_UNITS_PER_SECOND

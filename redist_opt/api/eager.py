@@ -5,6 +5,14 @@ Plans come from the hot-plan cache (``planning.plans_for``); what redist_opt doe
 not lower runs through torch's own function (merge pass on, as torch runs it,
 unless the input hits its uneven all_gather merge bug), with a warning once per reason.
 
+A plan runs, outside tracing, as one of two runners built once per hot plan,
+mesh and rank: torch's own function where it runs exactly our plan, else a
+program specialized to this rank
+(``runtime.specialize``: integers, resolved groups, a list of steps). A call
+seen before (same specs, dtype and options) finds its runner with one lookup
+(:func:`cached_runner`, what ``enabled()``'s routed function asks first). While
+tracing, the plan's graph is interpreted (``runtime.execute``).
+
 ``_MaskPartial`` (the vocab-parallel embedding's partial) is a sum whose rows
 outside the rank's vocab shard are zeroed first, from per-rank mask state in the
 placement. As torch: Replicate -> _MaskPartial runs the placement's own
@@ -14,22 +22,24 @@ and releases the mask, then the plan reduces it as ``Partial("sum")``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
 
 import torch
-
-from redist_opt.api.errors import warn_once
-from redist_opt.api.planning import plans_for
-from redist_opt.api.specs import spec_of
-from redist_opt.ir import layout as L
 from torch.distributed.tensor.placement_types import Partial
 
+from redist_opt.api import planning
+from redist_opt.api.errors import warn_once
+from redist_opt.api.planning import HotPlan, plans_for
+from redist_opt.api.specs import spec_of
+from redist_opt.ir import layout as L
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import torch_dtensor as tdt
-from redist_opt.runtime.execute import execute
+from redist_opt.runtime.execute import check_local_shape, execute, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
+from redist_opt.runtime.specialize import specialize
 
-__all__ = ["redistribute_local_tensor"]
+__all__ = ["redistribute_local_tensor", "cached_runner"]
 
 
 def redistribute_local_tensor(
@@ -38,13 +48,15 @@ def redistribute_local_tensor(
     target_spec,
     *,
     async_op: bool = False,
-    groups: str | Sequence = "existing",
-    passes=None,
-    cost=None,
-    prefer: str = "time",
-    max_collectives: str = "torch",
+    options: PlanOptions | None = None,
+    **fields,
 ) -> torch.Tensor:
-    """redist_opt's version of torch's ``redistribute_local_tensor`` (same contract)."""
+    """redist_opt's version of torch's ``redistribute_local_tensor`` (same contract);
+    ``options`` / ``fields``: the :class:`~redist_opt.PlanOptions` to plan with."""
+    options = PlanOptions.of(options, **fields)
+    run = cached_runner(local_tensor, current_spec, target_spec, options)
+    if run is not None:
+        return run(local_tensor, current_spec, target_spec, async_op)
     device_mesh = current_spec.mesh
     if target_spec.mesh != device_mesh:
         raise RedistributeError(
@@ -59,32 +71,132 @@ def redistribute_local_tensor(
         if reason is None and masks and tdt.is_mask_partial(target_spec.placements[masks[0]]):
             d = masks[0]  # Replicate -> _MaskPartial: torch's partition, no collective
             return tdt.mask_partition(target_spec.placements[d], local_tensor, device_mesh, d)
+    hot = None
     if reason is None:
-        p, opt = plans_for(
-            spec_of(device_mesh),
-            src,
-            dst,
-            tuple(current_spec.shape),
-            local_tensor.dtype,
-            (groups if isinstance(groups, str) else tuple(groups), passes, cost, prefer, max_collectives),
-        )
-        reason = p.fallback_reason
+        hot = plans_for(spec_of(device_mesh), src, dst, tuple(current_spec.shape), local_tensor.dtype, options)
+        reason = hot.naive.fallback_reason
     if reason is not None:
         warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
         return tdt.torch_redistribute_handback(local_tensor, current_spec, target_spec, async_op=async_op)
     for d in masks:  # _MaskPartial -> R / S: zero the masked rows, then the sum
         tdt.apply_and_release_mask(current_spec.placements[d], local_tensor)
+    if tdt.are_we_tracing():  # traced once per program: interpret the plan, no programs kept
+        return _execute_traced(hot, local_tensor, device_mesh, options, async_op)
+    check_local_shape(input_shape(hot.naive.graph), local_tensor, device_mesh)
+    run = _runner(hot, current_spec, target_spec, local_tensor, may_hand_back=not masks)
+    if not masks:
+        _remember_call(current_spec, target_spec, local_tensor, options, run)
+    return run(local_tensor, current_spec, target_spec, async_op)
+
+
+# -- cached calls -----------------------------------------------------------------------
+
+# (current spec, target spec, local dtype, options) -> _CachedCall: a call seen before
+# runs from here, one dict lookup, without planning or checks torch does not make.
+_cached_calls: dict = {}
+_CACHED_CALLS_LIMIT = 65536
+
+
+class _CachedCall:
+    __slots__ = ("mesh_ref", "root", "flattened", "local_mode", "run")
+
+    def __init__(self, device_mesh, run) -> None:
+        self.mesh_ref = weakref.ref(device_mesh)
+        self.root = L.root_mesh(device_mesh)
+        self.flattened = L.flattened_count(self.root)
+        self.local_mode = tdt.local_tensor_mode()
+        self.run = run
+
+
+def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions):
+    """How a call seen before runs (``run(local, current_spec, target_spec, async_op,
+    is_explicit=False)``), or None: not seen, the mesh's groups changed since, or
+    (for our program) traced or under a DebugMode, which the first path handles.
+    torch's function, where it runs our plan, handles tracing and DebugMode itself."""
     try:
-        return execute(opt.graph, local_tensor, device_mesh, groups=groups, async_op=async_op)
+        hit = _cached_calls.get((current_spec, target_spec, local_tensor.dtype, options))
+    except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
+        return None
+    if (
+        hit is None
+        or hit.mesh_ref() is not current_spec.mesh
+        or hit.flattened != L.flattened_count(hit.root)
+        or hit.local_mode is not tdt.local_tensor_mode()
+    ):
+        return None
+    if hit.run is not _torch_runner and (tdt.are_we_tracing() or tdt.debug_mode_active()):
+        return None
+    return hit.run
+
+
+def _remember_call(current_spec, target_spec, local_tensor, options, run) -> None:
+    if len(_cached_calls) > _CACHED_CALLS_LIMIT:
+        _cached_calls.clear()
+    _cached_calls[(current_spec, target_spec, local_tensor.dtype, options)] = _CachedCall(current_spec.mesh, run)
+
+
+planning.CLEAR_HOOKS.append(_cached_calls.clear)
+
+
+def _runner(hot: HotPlan, current_spec, target_spec, local_tensor, *, may_hand_back: bool):
+    """What runs ``hot`` on this mesh and rank (built once per hot plan, mesh and
+    LocalTensorMode): torch's own function where it runs exactly our plan (ours is
+    the naive plan, and torch's merge pass merges none of its steps: asking torch's
+    planner, not our model of it, keeps torch's merges, which may round integer
+    averages differently or hit its uneven all_gather bug, out), else the plan
+    specialized to this rank."""
+    device_mesh = current_spec.mesh
+    key = (id(device_mesh), L.flattened_count(L.root_mesh(device_mesh)), id(tdt.local_tensor_mode()), may_hand_back)
+    hit = hot.runners.get(key)
+    if hit is not None and hit[0]() is device_mesh:
+        return hit[1]
+    if may_hand_back and hot.is_naive() and tdt.torch_runs_unmerged(current_spec, target_spec):
+        run = _torch_runner  # torch's function runs exactly our plan
+    else:
+        run = _program_runner(_specialize_or_unmerged(hot, device_mesh))
+    hot.runners[key] = (weakref.ref(device_mesh), run)
+    return run
+
+
+def _torch_runner(local_tensor, current_spec, target_spec, async_op, is_explicit=False):
+    return tdt.TORCH_REDISTRIBUTE_LOCAL(local_tensor, current_spec, target_spec, async_op=async_op,
+                                        is_explicit=is_explicit)
+
+
+def _program_runner(program):
+    def run(local_tensor, current_spec, target_spec, async_op, is_explicit=False):
+        return program(local_tensor, async_op)
+
+    run.program = program
+    return run
+
+
+def _specialize_or_unmerged(hot: HotPlan, device_mesh):
+    try:
+        return specialize(hot.opt.graph, device_mesh, groups=hot.options.groups)
     except GroupUnavailable as e:
-        if opt is p:
+        if hot.opt is hot.naive:
             raise
-        warn_once(
-            ("group", str(e)),
-            f"redist_opt: {e}; running the unmerged plan for {placements_str(p.src)} -> "
-            f"{placements_str(p.dst)}",
-        )
-        return execute(p.graph, local_tensor, device_mesh, async_op=async_op)
+        _warn_unmerged(hot, e)
+        return specialize(hot.naive.graph, device_mesh)
+
+
+def _execute_traced(hot: HotPlan, local_tensor, device_mesh, options, async_op):
+    try:
+        return execute(hot.opt.graph, local_tensor, device_mesh, groups=options.groups, async_op=async_op)
+    except GroupUnavailable as e:
+        if hot.opt is hot.naive:
+            raise
+        _warn_unmerged(hot, e)
+        return execute(hot.naive.graph, local_tensor, device_mesh, async_op=async_op)
+
+
+def _warn_unmerged(hot: HotPlan, e: Exception) -> None:
+    warn_once(
+        ("group", str(e)),
+        f"redist_opt: {e}; running the unmerged plan for {placements_str(hot.naive.src)} -> "
+        f"{placements_str(hot.naive.dst)}",
+    )
 
 
 def _mask_partials(current_spec, target_spec):

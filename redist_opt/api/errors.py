@@ -6,23 +6,18 @@ from __future__ import annotations
 import logging
 import warnings
 
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 
-__all__ = ["GROUP_POLICIES", "check_groups", "warn_once", "torch_typed", "as_torch_error"]
+__all__ = ["check_groups", "warn_once", "torch_typed", "as_torch_error"]
 
 logger = logging.getLogger("redist_opt")
 
-GROUP_POLICIES = ("existing", "create")
-
-
 def check_groups(groups) -> None:
-    """Refuse a ``groups=`` string other than "existing" or "create" (lists are checked
-    against the mesh by ``optimize``)."""
-    if isinstance(groups, str) and groups not in GROUP_POLICIES:
-        raise RedistributeError(
-            f"groups={groups!r}: expected 'existing', 'create' or a list of allowed groups"
-        )
+    """Refuse a ``groups=`` value ``PlanOptions`` refuses (lists are checked against
+    the mesh by ``optimize``)."""
+    PlanOptions.of(groups=groups)
 
 
 # Keys already warned about in this process (tests clear it).

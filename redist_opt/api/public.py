@@ -16,9 +16,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from redist_opt.api.autograd import apply_redistribute
-from redist_opt.api.errors import check_groups, torch_typed
+from redist_opt.api.errors import torch_typed
 from redist_opt.ir import layout as L
 from redist_opt.ir.ops import local_shape
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, normalize_placements, placement_str, placements_str
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.execute import check_local_shape
@@ -34,20 +35,17 @@ def redistribute(
     async_op: bool = False,
     forward_dtype: torch.dtype | None = None,
     backward_dtype: torch.dtype | None = None,
-    groups: str | Sequence = "existing",
-    passes=None,
-    cost=None,
-    prefer: str = "time",
-    max_collectives: str = "torch",
+    options: PlanOptions | None = None,
+    **fields,
 ) -> DTensor:
     """Drop-in for ``DTensor.redistribute`` that plans and optimizes the collectives.
 
-    ``groups="existing"`` uses only process groups that already exist;
-    ``groups="create"`` lets merged collectives create flattened groups on first use.
-    ``passes``, ``cost``, ``prefer`` and ``max_collectives`` are passed to :func:`optimize`
-    (``passes=[]`` runs DTensor's own plan through redist_opt's runtime).
+    The plan options are ``options=PlanOptions(...)`` or its fields as keywords
+    (those of :func:`optimize`): ``groups="existing"`` uses only process groups that
+    already exist; ``groups="create"`` lets merged collectives create flattened
+    groups on first use; ``passes=[]`` runs DTensor's own plan.
     """
-    check_groups(groups)
+    options = PlanOptions.of(options, **fields)
     if not isinstance(dtensor, DTensor):
         raise RedistributeError(f"expected a DTensor, got {type(dtensor).__name__}")
     device_mesh = device_mesh or dtensor.device_mesh
@@ -76,8 +74,6 @@ def redistribute(
         "forward": (forward_dtype, forward_dtype),
         "backward": (backward_dtype or input_dtype, input_dtype),
     }
-    options = dict(groups=groups, passes=None if passes is None else tuple(passes), cost=cost, prefer=prefer,
-                   max_collectives=max_collectives)
     return apply_redistribute(dtensor, device_mesh, target, async_op, dtype_config, options)
 
 

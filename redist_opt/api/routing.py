@@ -2,47 +2,37 @@
 
 ``enabled()`` replaces torch's ``redistribute_local_tensor`` in the namespaces that
 call it (torch's own: ``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``; and any
-module that bound it by name, found by identity, before or while the block runs:
-the rule is below) with
-:func:`routed_redistribute_local_tensor`. The patch is process-wide (the name is a
-module global) and installed once, reference-counted; which options apply is
-per thread: the calling thread's innermost enabled() block, or, for a thread
-that entered none (autograd's device threads run backward on GPUs), the most
-recently entered block of any thread. Outside every block the patched name
-calls torch's function unchanged.
+module that bound it by name, found by identity: the rule is in
+:mod:`redist_opt.runtime.bindings`) with :func:`routed_redistribute_local_tensor`.
+The patch is process-wide (the name is a module global), installed by the first
+block of the process and restored by the last one to exit: outside every block,
+every binding is torch's own function again, object for object. Which options
+apply is per thread: the calling thread's innermost enabled() block, or, for a
+thread that entered none (autograd's device threads run backward on GPUs), the
+most recently entered block of any thread. A reference to the routed function
+kept elsewhere still works outside every block: it calls torch's function.
 
-Which bindings are routed. Bindings outside torch (autoparallel's ``ordered_sharding`` does ``from
-torch.distributed.tensor._redistribute import redistribute_local_tensor``) are
-found by identity, not by name: :func:`install_redistribute_local` replaces
-every module global in ``sys.modules`` that *is* torch's function, whatever the
-module or the name it is bound to (redist_opt's own modules excepted: they hold
-torch's function as the fallback). The rule for modules imported while the patch
-is in place: torch's own ``_redistribute.redistribute_local_tensor`` holds the
-replacement too, so a ``from ... import`` made then binds the replacement; on
-:func:`restore_redistribute_local` every binding that was replaced gets its value
-back, and every binding of the replacement in a module imported meanwhile gets
-torch's function (what it would have imported outside). Only module globals are
-reached (not class attributes, closures or containers); a reference to the
-replacement kept elsewhere after the restore still works: outside every
-``enabled()`` block it calls torch's function. A module seen with no binding is
-not scanned again while it is the same object in ``sys.modules`` with as many
-globals (an import adds one), so entering a block walks ``sys.modules`` rather
-than every module's globals.
+Cost. Entering and leaving a block costs the same whatever the number of
+modules loaded: the bindings are kept in a registry (``runtime.bindings``) and
+only modules imported since the last block are scanned. A routed call seen
+before (same specs, dtype and options) runs from ``eager.cached_runner``: torch's
+own function where our plan is torch's, else a program specialized to this rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
 
 import torch
 from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt.api import costs as api_costs
 from redist_opt.api import eager
-from redist_opt.api.errors import as_torch_error, check_groups, warn_once
+from redist_opt.api.errors import as_torch_error, warn_once
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
+from redist_opt.runtime import bindings
 from redist_opt.runtime import torch_dtensor as tdt
 
 __all__ = [
@@ -61,7 +51,7 @@ LOWERED_REDUCE_OPS = REDUCE_OPS
 
 _route_lock = threading.Lock()
 _route_entries: list = []  # [(token, thread id, options)] in entry order
-_route_previous = None  # what install_redistribute_local replaced
+_route_previous = None  # what bindings.install_redistribute_local replaced, and the replacement
 _cost_tokens: set = set()  # tokens of the blocks entered with costs=True
 _cost_previous: dict | None = None  # what install_redistribute_cost replaced
 _route_local = threading.local()
@@ -71,7 +61,7 @@ _route_local = threading.local()
 OBSERVERS: list = []
 
 
-def active_options() -> dict | None:
+def active_options() -> PlanOptions | None:
     """The options of the enabled() block that applies to the calling thread, or None."""
     stack = getattr(_route_local, "stack", None)
     if stack:
@@ -80,7 +70,7 @@ def active_options() -> dict | None:
     return entries[-1][2] if entries else None
 
 
-def active_cost_options() -> dict | None:
+def active_cost_options() -> PlanOptions | None:
     """The options of the block that applies to the calling thread if it was entered
     with ``costs=True``, else None."""
     stack = getattr(_route_local, "stack", None)
@@ -100,7 +90,7 @@ def routed_redistribute_cost(current_spec, target_spec) -> float:
     options = active_cost_options()
     if options is None:
         return tdt.TORCH_REDISTRIBUTE_COST(current_spec, target_spec)
-    return api_costs.redistribute_cost(current_spec, target_spec, **options)
+    return api_costs.redistribute_cost(current_spec, target_spec, options=options)
 
 
 def _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only) -> str | None:
@@ -127,6 +117,25 @@ def routed_redistribute_local_tensor(
     **torch_only,
 ):
     """Stands in for torch's ``redistribute_local_tensor`` inside ``enabled()``."""
+    options = active_options()
+    if options is None or torch.compiler.is_dynamo_compiling():
+        # Dynamo traces torch's own code; AOTAutograd, which runs after it, comes
+        # back here with Dynamo off and traces our plan into the graph.
+        return tdt.TORCH_REDISTRIBUTE_LOCAL(
+            local_tensor, current_spec, target_spec, async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform, is_explicit=is_explicit, **torch_only,
+        )
+    if use_graph_based_transform is None and not torch_only and not OBSERVERS:
+        run = eager.cached_runner(local_tensor, current_spec, target_spec, options)
+        if run is not None:  # a call seen before: one lookup, then torch's function or our program
+            return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
+    return _first_call(local_tensor, current_spec, target_spec, options, async_op, use_graph_based_transform,
+                       is_explicit, torch_only)
+
+
+def _first_call(local_tensor, current_spec, target_spec, options, async_op, use_graph_based_transform,
+                is_explicit, torch_only):
+    """A routed call not found by ``cached_runner``: decide, warn, record, plan and run it."""
 
     def torch_fn():
         return tdt.TORCH_REDISTRIBUTE_LOCAL(
@@ -134,13 +143,6 @@ def routed_redistribute_local_tensor(
             use_graph_based_transform=use_graph_based_transform, is_explicit=is_explicit, **torch_only,
         )
 
-    if torch.compiler.is_dynamo_compiling():
-        # Dynamo traces torch's own code; AOTAutograd, which runs after it, comes
-        # back here with Dynamo off and traces our plan into the graph.
-        return torch_fn()
-    options = active_options()
-    if options is None:
-        return torch_fn()
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
     if OBSERVERS:
         for observer in tuple(OBSERVERS):
@@ -155,7 +157,7 @@ def routed_redistribute_local_tensor(
     with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):
         try:
             return eager.redistribute_local_tensor(
-                local_tensor, current_spec, target_spec, async_op=async_op, **options
+                local_tensor, current_spec, target_spec, async_op=async_op, options=options
             )
         except RedistributeError as ours:
             raise as_torch_error(ours, local_tensor, current_spec, target_spec) from None
@@ -170,15 +172,16 @@ def _unlowered_reduce_op(current_spec, target_spec) -> str | None:
 
 
 @contextlib.contextmanager
-def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **options):
+def enabled(groups="existing", *, costs: bool = False, options: PlanOptions | None = None, **fields):
     """Route every DTensor redistribution through redist_opt inside the block.
 
     Covers explicit ``DTensor.redistribute`` and ``full_tensor``, implicit reshards
     of op inputs, the backward of all of those, gradients arriving through
     ``from_local`` / ``to_local(grad_placements=...)``, and ``torch.compile``
     called inside the block (AOTAutograd traces our plans into the forward and
-    backward graphs). ``options`` (passes, cost, prefer, max_collectives) go to :func:`optimize`.
-    Nests; the innermost block of the calling thread decides the options.
+    backward graphs). The plan options are ``options=PlanOptions(...)`` or its
+    fields as keywords (``groups`` first, then those of :func:`optimize`), checked
+    here. Nests; the innermost block of the calling thread decides the options.
 
     ``costs=True`` also makes DTensor's sharding propagation choose op strategies
     by :func:`redist_opt.redistribute_cost` (the modelled time of our optimized
@@ -189,15 +192,9 @@ def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **optio
     ops at the same time, one inside such a block and one outside, can still
     meet each other's cached choices.)
     """
-    check_groups(groups)
-    unknown = set(options) - {"passes", "cost", "prefer", "max_collectives"}
-    if unknown:
-        raise RedistributeError(
-            f"enabled(): unknown options {sorted(unknown)} (expected costs, passes, cost, prefer, max_collectives)"
-        )
-    if options.get("passes") is not None:
-        options["passes"] = tuple(options["passes"])
-    entry_options = dict(groups=groups if isinstance(groups, str) else tuple(groups), **options)
+    if options is None or groups != "existing":
+        fields["groups"] = groups
+    entry_options = PlanOptions.of(options, **fields)
     token, stack = _enter(entry_options, bool(costs))
     try:
         yield
@@ -205,7 +202,7 @@ def enabled(groups: str | Sequence = "existing", *, costs: bool = False, **optio
         _leave(token, stack)
 
 
-def _enter(entry_options: dict, costs: bool) -> tuple[object, list]:
+def _enter(entry_options: PlanOptions, costs: bool) -> tuple[object, list]:
     """Push a block's options on this thread's stack (installing the patches for the
     first block of the process); returns the block's token and the stack."""
     global _route_previous, _cost_previous
@@ -215,7 +212,9 @@ def _enter(entry_options: dict, costs: bool) -> tuple[object, list]:
         stack = _route_local.stack = []
     with _route_lock:
         if not _route_entries:
-            _route_previous = tdt.install_redistribute_local(routed_redistribute_local_tensor)
+            # whatever routed_redistribute_local_tensor is now (a harness may wrap it)
+            replacement = routed_redistribute_local_tensor
+            _route_previous = (bindings.install_redistribute_local(replacement), replacement)
         cost_blocks_before = bool(_cost_tokens)
         if costs:
             if not _cost_tokens:
@@ -232,8 +231,14 @@ def _leave(token: object, stack: list) -> None:
     """Remove the block ``token`` (and the patches with the last block of the process)."""
     global _route_previous, _cost_previous
     with _route_lock:
-        stack[:] = [e for e in stack if e[0] is not token]
-        _route_entries[:] = [e for e in _route_entries if e[0] is not token]
+        if stack and stack[-1][0] is token:  # the usual case: blocks leave innermost first
+            stack.pop()
+        else:
+            stack[:] = [e for e in stack if e[0] is not token]
+        if _route_entries and _route_entries[-1][0] is token:
+            _route_entries.pop()
+        else:
+            _route_entries[:] = [e for e in _route_entries if e[0] is not token]
         cost_blocks_before = bool(_cost_tokens)
         _cost_tokens.discard(token)
         if cost_blocks_before and not _cost_tokens:
@@ -242,5 +247,5 @@ def _leave(token: object, stack: list) -> None:
         if cost_blocks_before:
             tdt.clear_sharding_strategy_caches()
         if not _route_entries:
-            tdt.restore_redistribute_local(_route_previous, routed_redistribute_local_tensor)
+            bindings.restore_redistribute_local(*_route_previous)
             _route_previous = None

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch.fx as fx
 
-from redist_opt.api import check_groups, enabled, live_meshes, recording_meshes, warn_once
+from redist_opt.api import enabled, live_meshes, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.ir import layout as L
+from redist_opt.ir.options import PlanOptions
 
 __all__ = ["backend", "collectives", "describe_collectives", "check_inner", "graph_compiler", "run_graph_pass"]
 
@@ -45,19 +46,16 @@ INNER_COMPILERS = ("inductor", "aot_eager")
 def backend(
     inner: str | Callable = "inductor",
     *,
-    groups: str | Sequence = "existing",
-    passes=None,
-    cost=None,
-    prefer: str = "time",
     graph_pass: bool = True,
-    max_collectives: str = "torch",
+    options: PlanOptions | None = None,
+    **fields,
 ):
     """A ``torch.compile`` backend that traces DTensor redistributions through redist_opt.
 
     ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
     aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
-    each forward and backward graph. ``groups``, ``passes``, ``cost``, ``prefer``,
-    ``max_collectives`` are :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
+    each forward and backward graph. ``options=PlanOptions(...)`` or its fields as
+    keywords: :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
     collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
     ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
@@ -65,16 +63,14 @@ def backend(
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
-    check_groups(groups)
+    options = PlanOptions.of(options, **fields)
     check_inner(inner)
-    options = {"passes": passes, "cost": cost, "prefer": prefer, "max_collectives": max_collectives}
-    return _RedistOptBackend(inner, groups, options, graph_pass=graph_pass and isinstance(groups, str))
+    return _RedistOptBackend(inner, options, graph_pass=graph_pass and isinstance(options.groups, str))
 
 
 class _RedistOptBackend:
-    def __init__(self, inner, groups, options, *, graph_pass: bool):
+    def __init__(self, inner, options: PlanOptions, *, graph_pass: bool):
         self.inner = inner
-        self.groups = groups
         self.options = options
         self.graph_pass = graph_pass
         # The meshes redist_opt planned on while tracing the current program: the
@@ -86,7 +82,7 @@ class _RedistOptBackend:
 
     def __repr__(self) -> str:
         inner = self.inner if isinstance(self.inner, str) else getattr(self.inner, "__name__", "callable")
-        return f"redist_opt.backend(inner={inner!r}, groups={self.groups!r})"
+        return f"redist_opt.backend(inner={inner!r}, groups={self.options.groups!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs):
         # The routing must be active while AOTAutograd traces (inside this call);
@@ -101,7 +97,7 @@ class _RedistOptBackend:
                       "redistributions are traced by torch (rank-independent) and left as traced")
             self._trace_meshes = {}
             return self._compile(gm, example_inputs)
-        with enabled(self.groups, **self.options), recording_meshes() as used:
+        with enabled(options=self.options), recording_meshes() as used:
             self._trace_meshes = used
             return self._compile(gm, example_inputs)
 
@@ -140,10 +136,8 @@ class _RedistOptBackend:
         # The meshes planned on while tracing this program (their roots hold the
         # groups its chains name); none: every live mesh.
         run_graph_pass(
-            gm, meshes=list(self._trace_meshes.values()) or None, groups=self.groups,
-            cost=self.options["cost"], prefer=self.options["prefer"],
-            max_collectives=self.options["max_collectives"], agreement=self.agreement,
-        )  # fmt: skip
+            gm, meshes=list(self._trace_meshes.values()) or None, options=self.options, agreement=self.agreement
+        )
 
 
 def _compiled_for_any_rank() -> bool:
@@ -184,19 +178,17 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, groups="existing", cost=None, prefer="time", max_collectives="torch",
-    agreement=None,
+    gm: fx.GraphModule, *, meshes=None, options: PlanOptions | None = None, agreement=None, **fields
 ) -> "graph_pass.GraphPassResult | None":
-    """The compiled-graph pass on ``gm``, in place; its result, or None if it failed.
+    """The compiled-graph pass on ``gm`` with these plan options (a pass list does not
+    apply), in place; its result, or None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
     distinct failure: a compile that works never fails because of the pass."""
+    options = PlanOptions.of(options, **fields)
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        return graph_pass.optimize_graph(
-            gm, meshes=meshes, groups=groups, cost=cost, prefer=prefer, max_collectives=max_collectives,
-            agreement=agreement,
-        )
+        return graph_pass.optimize_graph(gm, meshes=meshes, agreement=agreement, **options.keywords("passes"))
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
         gm.recompile()

@@ -77,10 +77,7 @@ class GraphPassCompiler:
         return f"redist_opt.graph_pass.compiler_fn(groups={self.groups!r}, inner={inner!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
-        result = run_graph_pass(
-            gm, meshes=self.meshes, groups=self.groups,
-            cost=self.options.get("cost"), prefer=self.options.get("prefer", "time"), agreement=self.agreement,
-        )  # fmt: skip
+        result = run_graph_pass(gm, meshes=self.meshes, groups=self.groups, agreement=self.agreement, **self.options)
         self.results.append(result)
         self.graphs += 1
         if self.inner is None:

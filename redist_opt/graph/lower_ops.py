@@ -30,7 +30,7 @@ import torch.fx as fx
 from redist_opt.graph.chain import C10D
 from redist_opt.ir.local_ops import LOCAL_OPS, contiguous
 from redist_opt.ir.local_ops import pieces as split_pieces
-from redist_opt.ir.ops import OPS, split_dims
+from redist_opt.ir.ops import OPS
 
 __all__ = ["Emitter", "COLLECTIVE_LOWERINGS", "LOWERED_OPS"]
 

@@ -31,7 +31,7 @@ import os
 
 from redist_opt.ir import gloo_measured
 
-__all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile"]
+__all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile", "load_profile"]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
 PROFILE_FORMAT = "redist_opt.ir.cost/1"
@@ -351,6 +351,20 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> CostModel:
     return CostModel.load(path)
 
 
+def load_profile(value: str | os.PathLike) -> CostModel:
+    """A built-in profile by name, else the profile file at ``value`` (read once per
+    version of the file). Raises ``OSError`` (unreadable) or ``ValueError`` (not a profile)."""
+    if isinstance(value, str) and value in BUILTIN_PROFILES and not os.path.exists(value):
+        return _builtin(value)
+    st = os.stat(value)
+    return _load_cached(os.path.abspath(value), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=len(BUILTIN_PROFILES))
+def _builtin(name: str) -> CostModel:
+    return CostModel.profile(name)
+
+
 def resolve(mesh=None) -> tuple[CostModel, str]:
     """(model, where it came from) for a plan on ``mesh`` when the caller gave no ``cost=``.
 
@@ -363,11 +377,8 @@ def resolve(mesh=None) -> tuple[CostModel, str]:
     """
     value = os.environ.get(PROFILE_ENV, "").strip()
     if value:
-        if value in BUILTIN_PROFILES:
-            return CostModel.profile(value), f"{PROFILE_ENV}={value}"
         try:
-            st = os.stat(value)
-            model = _load_cached(os.path.abspath(value), st.st_mtime_ns, st.st_size)
+            model = load_profile(value)
         except OSError as e:
             raise ValueError(
                 f"{PROFILE_ENV}={value!r}: cannot read the cost profile: {e.strerror or e} "

@@ -264,6 +264,12 @@ def communicators_stamp(device_mesh) -> tuple:
     return (id(root), len(root._flatten_mapping), dist.is_initialized())
 
 
+def flattened_count(root) -> int:
+    """How many flattened meshes the root mesh ``root`` holds: a cached eager call
+    compares it to the count its plan was made with (a new one may change the plan)."""
+    return len(root._flatten_mapping)
+
+
 def rank_in_mesh(device_mesh) -> bool:
     """Whether the calling rank is one of the mesh's ranks."""
     return device_mesh._is_current_rank_part_of_mesh()

@@ -28,7 +28,6 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 
-import sympy
 import torch
 
 from redist_opt.ir import symbolic as sym
@@ -64,14 +63,9 @@ def run_local_op(name: str, x: torch.Tensor, params: Sequence) -> torch.Tensor:
     return LOCAL_OPS[name](EAGER, x, tuple(x.shape), *params)
 
 
-def rank_params(params: Sequence, coord: Sequence[int]) -> list:
+def rank_params(params: Sequence, coord: Sequence[int]) -> tuple:
     """An op's parameters on the rank at ``coord``: size expressions evaluated to ints."""
-    out = []
-    for p in params:
-        if isinstance(p, sympy.Basic):
-            p = sym.evaluate(p, coord) if p.free_symbols else int(p)
-        out.append(p)
-    return out
+    return sym.evaluate_params(params, coord)
 
 
 # -- building blocks over an emitter (shared with the collectives' lowering) -------------------

@@ -25,6 +25,7 @@ __all__ = [
     "ChunkSize",
     "as_expr",
     "evaluate",
+    "evaluate_params",
     "possible_values",
     "is_divisible",
     "expr_str",
@@ -131,6 +132,17 @@ def evaluate(expr, coords: Sequence[int]) -> int:
     if isinstance(expr, sympy.Integer):
         return int(expr)
     return int(_compiled(expr, len(coords))(*coords))
+
+
+def evaluate_params(params: Sequence, coords: Sequence[int]) -> tuple:
+    """An op's parameters on the rank at ``coords``: every size expression an int,
+    anything else as given."""
+    out = []
+    for p in params:
+        if isinstance(p, sympy.Basic):
+            p = evaluate(p, coords) if p.free_symbols else int(p)
+        out.append(p)
+    return tuple(out)
 
 
 def possible_values(expr, mesh_sizes: Sequence[int]) -> frozenset[int]:

@@ -1,8 +1,8 @@
 """A rank-free model of torch 2.13's merge pass: how many collectives the shipped
 ``DTensor.redistribute`` issues for a plan's redistribution, and that plan itself.
 
-The collective cap (``max_collectives="torch"``, the default of
-:func:`redist_opt.optimize`) needs torch's count without running torch and
+The collective cap (the default of :class:`redist_opt.ir.options.PlanOptions`)
+needs torch's count without running torch and
 without a rank: :func:`torch_merged_plan` replays
 ``torch.distributed.tensor._redistribute._optimize_transform_infos`` on a naive
 plan's steps (which are torch's greedy transform infos, one per mesh dim, size-1
@@ -45,11 +45,7 @@ from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import StepInfo, local_shape
 from redist_opt.ir.steps import avg_is_linear
 
-__all__ = ["MAX_COLLECTIVES", "merge_runs", "torch_merged_steps", "torch_merged_plan", "torch_collective_count"]
-
-# Values of ``max_collectives``: "torch" (the default) caps a plan's collectives at
-# torch 2.13's shipped plan's; "any" lets the cost model trade launches for bytes.
-MAX_COLLECTIVES = ("torch", "any")
+__all__ = ["merge_runs", "torch_merged_steps", "torch_merged_plan", "torch_collective_count"]
 
 _MERGEABLE = ("all_gather", "all_reduce", "reduce_scatter")
 

@@ -30,7 +30,7 @@ from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.groups import resolve_group
 
-__all__ = ["execute", "check_local_shape", "rank_coordinates"]
+__all__ = ["execute", "check_local_shape", "rank_coordinates", "apply_local_op", "run_collective", "input_shape"]
 
 
 # -- coordinates ----------------------------------------------------------------
@@ -57,8 +57,9 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
 # -- local ops --------------------------------------------------------------------
 
 
-def _local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
-    """One local op on one rank's tensor, ``params`` already ints: the op table's eager entry."""
+def apply_local_op(name: str, t: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """One local op on one rank's tensor, ``params`` already ints: the op table's eager
+    entry, which ``execute`` and the specialized programs (``runtime.specialize``) call."""
     return run_local_op(name, t, params)
 
 
@@ -69,10 +70,10 @@ def _run_local(name: str, x: torch.Tensor, params: Sequence, coords) -> torch.Te
         # Simulated ranks may hold different sizes: run the op on each rank's tensor.
         def on_rank(rank: int, t: torch.Tensor) -> torch.Tensor:
             coord = coords if coords is None or isinstance(coords, tuple) else coords[rank]
-            return _local_op(name, t, rank_params(params, coord))
+            return apply_local_op(name, t, rank_params(params, coord))
 
         return tdt.map_per_rank(x, on_rank)
-    return _local_op(name, x, rank_params(params, coords))
+    return apply_local_op(name, x, rank_params(params, coords))
 
 
 def _is_symbolic(params: Sequence) -> bool:
@@ -115,7 +116,7 @@ def _all_to_all(x: torch.Tensor, group, n: int, split_dim, cat_dim: int) -> torc
     return torch.cat(pieces, dim=cat_dim)
 
 
-def _run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.Tensor:
+def run_collective(name: str, x: torch.Tensor, params: Sequence, pg) -> torch.Tensor:
     group: MeshGroup = params[0]
     if name == "all_reduce":
         return funcol.all_reduce(x, reduceOp=params[1], group=pg)
@@ -153,6 +154,11 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
             )
 
 
+def input_shape(gm: fx.GraphModule) -> tuple:
+    """The local shape (size expressions) a plan's graph takes as input."""
+    return next(iter(gm.graph.nodes)).meta["shape"]
+
+
 def execute(
     gm: fx.GraphModule,
     local_tensor: torch.Tensor,
@@ -164,7 +170,7 @@ def execute(
     """Run the IR chain on this rank's local tensor (or every simulated rank's)."""
     coords = None
     x = local_tensor
-    check_local_shape(next(iter(gm.graph.nodes)).meta["shape"], x, device_mesh)
+    check_local_shape(input_shape(gm), x, device_mesh)
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:
@@ -172,7 +178,7 @@ def execute(
         params = node.args[1:]
         if node.target.is_collective:
             pg = resolve_group(device_mesh, params[0], groups)
-            x = _run_collective(name, x, params, pg)
+            x = run_collective(name, x, params, pg)
             if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
                 x = x.wait()
         else:

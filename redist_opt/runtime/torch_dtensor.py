@@ -26,24 +26,25 @@ and while AOTAutograd traces a compiled program, without touching
 ``DTensor.redistribute`` itself (Dynamo keeps seeing torch's own method).
 
 Bindings imported by name outside torch are found by identity: the rule is in
-:mod:`redist_opt.api.routing`.
+:mod:`redist_opt.runtime.bindings`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
+from torch.distributed._functional_collectives import _are_we_tracing as _funcol_are_we_tracing
+from torch.distributed._functional_collectives import _resolve_group_name as _funcol_resolve_group_name
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _collective_utils as _torch_collective_utils
 from torch.distributed.tensor import _redistribute as _torch_redistribute
+from torch.distributed.tensor._redistribute import _FlattenedTransformInfo
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import _MaskPartial
@@ -61,12 +62,10 @@ __all__ = [
     "reference_semantics",
     "TORCH_REDISTRIBUTE_LOCAL",
     "REDISTRIBUTE_LOCAL_PATCH_POINTS",
-    "RedistributeLocalPatch",
-    "install_redistribute_local",
-    "restore_redistribute_local",
     "TORCH_REDISTRIBUTE_COST",
     "TORCH_COST_UNITS_PER_SECOND",
     "REDISTRIBUTE_COST_PATCH_POINTS",
+    "importable",
     "install_redistribute_cost",
     "restore_redistribute_cost",
     "clear_sharding_strategy_caches",
@@ -89,6 +88,10 @@ __all__ = [
     "apply_and_release_mask",
     "torch_redistribute_handback",
     "hits_uneven_all_gather_merge",
+    "torch_runs_unmerged",
+    "group_name",
+    "are_we_tracing",
+    "debug_mode_active",
 ]
 
 # torch's own function, captured before anyone patches it: our fallback and oracle.
@@ -100,100 +103,6 @@ REDISTRIBUTE_LOCAL_PATCH_POINTS = (
     "torch.distributed.tensor._api",
     "torch.distributed.tensor.experimental._tp_transform",
 )
-
-
-@dataclasses.dataclass
-class RedistributeLocalPatch:
-    """What :func:`install_redistribute_local` replaced: {(module, name): previous value},
-    and the modules loaded at that time ({name: (module, number of globals)})."""
-
-    previous: dict
-    modules: dict
-
-
-# Modules seen holding no binding of torch's function: {name: (module, number of
-# globals)}. Rescanned when ``sys.modules[name]`` is another object or the module
-# gained or lost globals (an import made since).
-_modules_without_binding: dict = {}
-
-
-def _scan_key(module) -> tuple:
-    namespace = getattr(module, "__dict__", None)
-    return (module, len(namespace) if type(namespace) is dict else -1)
-
-
-def _is_own_module(name: str) -> bool:
-    return name == "redist_opt" or name.startswith("redist_opt.")
-
-
-def _bindings(value, modules) -> list[tuple[object, str]]:
-    """(module, name) of every module global that is ``value``, in ``modules`` ({name: module})."""
-    found = []
-    for mod_name, module in modules.items():
-        if _is_own_module(mod_name):
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if type(namespace) is not dict:
-            continue
-        try:
-            names = [k for k, v in namespace.items() if v is value]
-        except RuntimeError:  # the namespace changed while read (another thread importing)
-            names = [k for k, v in list(namespace.items()) if v is value]
-        found.extend((module, k) for k in names)
-    return found
-
-
-def _unscanned_modules(modules: dict) -> dict:
-    out = {}
-    for n, m in modules.items():
-        seen = _modules_without_binding.get(n)
-        if seen is None or seen != _scan_key(m):
-            out[n] = m
-    return out
-
-
-def install_redistribute_local(replacement) -> RedistributeLocalPatch:
-    """Point every binding of torch's ``redistribute_local_tensor`` at ``replacement``.
-
-    Bindings: the name in torch's own callers (``REDISTRIBUTE_LOCAL_PATCH_POINTS``,
-    whatever they hold: a wrapper put there before is routed too), and every module
-    global in ``sys.modules`` that is torch's function (found by identity). Returns
-    what :func:`restore_redistribute_local` needs.
-    """
-    previous = {}
-    for name in REDISTRIBUTE_LOCAL_PATCH_POINTS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # another torch version
-            continue
-        if hasattr(module, "redistribute_local_tensor"):
-            previous[(module, "redistribute_local_tensor")] = module.redistribute_local_tensor
-    modules = dict(list(sys.modules.items()))
-    unscanned = _unscanned_modules(modules)
-    snapshot = {n: _scan_key(m) for n, m in modules.items()}
-    found = _bindings(TORCH_REDISTRIBUTE_LOCAL, unscanned)
-    holding = {id(module) for module, _ in found}
-    for mod_name, module in unscanned.items():
-        if id(module) not in holding:
-            _modules_without_binding[mod_name] = _scan_key(module)
-    for key in found:
-        previous.setdefault(key, TORCH_REDISTRIBUTE_LOCAL)
-    for (module, attr) in previous:
-        setattr(module, attr, replacement)
-    return RedistributeLocalPatch(previous, snapshot)
-
-
-def restore_redistribute_local(patch: RedistributeLocalPatch, replacement) -> None:
-    """Undo :func:`install_redistribute_local`: each replaced binding that still holds
-    ``replacement`` gets its value back (a later patch by someone else is left in
-    place); a module imported since, or whose globals changed, that bound
-    ``replacement`` gets torch's function there."""
-    for (module, attr), value in patch.previous.items():
-        if getattr(module, attr, None) is replacement:
-            setattr(module, attr, value)
-    new_modules = {n: m for n, m in list(sys.modules.items()) if patch.modules.get(n) != _scan_key(m)}
-    for module, attr in _bindings(replacement, new_modules):
-        setattr(module, attr, TORCH_REDISTRIBUTE_LOCAL)
 
 
 # -- the cost DTensor's sharding propagation chooses op strategies by ------------------
@@ -212,15 +121,22 @@ TORCH_COST_UNITS_PER_SECOND = 1e6
 REDISTRIBUTE_COST_PATCH_POINTS = ("torch.distributed.tensor._ops.utils",)
 
 
+def importable(names) -> list:
+    """The modules of ``names`` this torch has (patch points move between versions)."""
+    found = []
+    for name in names:
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:  # another torch version
+            continue
+    return found
+
+
 def install_redistribute_cost(replacement) -> dict:
     """Point each cost patch point's ``redistribute_cost`` at ``replacement``;
     returns {module: previous value} for :func:`restore_redistribute_cost`."""
     previous = {}
-    for name in REDISTRIBUTE_COST_PATCH_POINTS:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # another torch version
-            continue
+    for module in importable(REDISTRIBUTE_COST_PATCH_POINTS):
         if hasattr(module, "redistribute_cost"):
             previous[module] = module.redistribute_cost
             module.redistribute_cost = replacement
@@ -260,6 +176,11 @@ def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec,
     return debug_mode.record_redistribute_calls(
         local_tensor, current.placements, target.placements, summary, is_explicit=is_explicit
     )
+
+
+def debug_mode_active() -> bool:
+    """Whether a ``DebugMode`` is recording (torch asks the same on every call)."""
+    return get_active_debug_mode() is not None
 
 
 def dispatched_op(frame) -> str | None:
@@ -384,6 +305,20 @@ def hits_uneven_all_gather_merge(current: DTensorSpec, target: DTensorSpec) -> b
     return False
 
 
+def torch_runs_unmerged(current: DTensorSpec, target: DTensorSpec) -> bool:
+    """Whether torch's function, merge pass on, runs its greedy steps unchanged for
+    this call (its merge pass merges none of them): then it runs exactly the naive
+    plan. Asks torch's own planner and merge pass (once per cached plan: not cheap)."""
+    try:
+        infos = _torch_redistribute._gen_transform_infos_non_cached(current, target)
+        merged = _torch_redistribute._optimize_transform_infos(
+            infos, current.mesh, current.placements, target.placements
+        )
+    except Exception:  # noqa: BLE001 - torch plans this differently or not at all
+        return False
+    return len(merged) == len(infos) and not any(isinstance(i, _FlattenedTransformInfo) for i in merged)
+
+
 def torch_redistribute_handback(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):
     """torch's own redistribution for a call redist_opt hands back: torch's merge pass
     as torch has it (so a hand-back is never worse than torch), except where that
@@ -421,6 +356,17 @@ def _contiguous_stride(shape):
         stride.append(acc)
         acc *= max(int(s), 1)
     return tuple(reversed(stride))
+
+
+def are_we_tracing() -> bool:
+    """torch's own test (funcol's ``_are_we_tracing``): Dynamo, fake or proxy tracing."""
+    return _funcol_are_we_tracing()
+
+
+def group_name(group) -> str:
+    """The name of the process group a funcol ``group`` argument ((mesh, dim), a
+    process group, a name) stands for: what funcol resolves it to on every call."""
+    return _funcol_resolve_group_name(group)
 
 
 def outside_tracing():

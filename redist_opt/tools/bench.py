@@ -108,7 +108,7 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
         redist_opt.parse_placements(c["dst"]),
         tuple(c["shape"]),
         torch.float32,
-        ("existing", None, cost, "time", "torch"),
+        redist_opt.PlanOptions(cost=cost),
     )
     rows += [
         ("plan", "cached", _times(do_plan, cached_runs, warm=True)),

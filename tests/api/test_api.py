@@ -63,7 +63,7 @@ def test_enabled_routes_dtensor_redistribute():
         real = redist_opt.api.eager.redistribute_local_tensor
 
         def spy(*a, **k):
-            calls.append(k.get("groups"))
+            calls.append(k["options"].groups)
             return real(*a, **k)
 
         redist_opt.api.eager.redistribute_local_tensor = spy
@@ -190,7 +190,7 @@ def test_clear_caches_forgets_all_five_caches(tmp_path, monkeypatch):
         def build():
             spec = specs.spec_of(mesh)
             naive = redist_opt.plan(mesh, "P,P", "R,S(0)", shape=(8, 4))
-            options = ("existing", None, None, "time", "torch")
+            options = redist_opt.PlanOptions()
             return dict(
                 spec=spec,
                 plan=naive,

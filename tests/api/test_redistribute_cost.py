@@ -98,7 +98,7 @@ def test_costs_routing_is_opt_in_and_restored():
         with redist_opt.enabled():  # a nested block without costs: torch's estimate again
             assert routing.active_cost_options() is None
         with redist_opt.enabled(groups="create", costs=True):
-            assert routing.active_cost_options()["groups"] == "create"
+            assert routing.active_cost_options().groups == "create"
         assert all(v is routing.routed_redistribute_cost for v in _cost_name().values())
     assert _cost_name() == before
     assert routing.active_cost_options() is None

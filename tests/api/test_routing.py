@@ -102,8 +102,8 @@ def test_enabled_restores_patch_points_exactly_and_nests():
         inner_names = _patched_names()
         assert all(v is redist_opt.api.routing.routed_redistribute_local_tensor for v in inner_names.values())
         with redist_opt.enabled(groups="create"):
-            assert redist_opt.api.routing.active_options()["groups"] == "create"
-        assert redist_opt.api.routing.active_options()["groups"] == "existing"
+            assert redist_opt.api.routing.active_options().groups == "create"
+        assert redist_opt.api.routing.active_options().groups == "existing"
         assert _patched_names() == inner_names
     assert _patched_names() == before
     assert before["torch.distributed.tensor._dispatch"] is tdt.TORCH_REDISTRIBUTE_LOCAL
@@ -117,13 +117,13 @@ def test_options_are_per_thread_with_a_process_wide_default():
         with redist_opt.enabled(groups="create"):
             entered.set()
             release.wait(10)
-            seen["other"] = redist_opt.api.routing.active_options()["groups"]
+            seen["other"] = redist_opt.api.routing.active_options().groups
 
     t = threading.Thread(target=other_thread)
     with redist_opt.enabled(groups="existing"):
         t.start()
         entered.wait(10)
-        seen["main"] = redist_opt.api.routing.active_options()["groups"]
+        seen["main"] = redist_opt.api.routing.active_options().groups
         release.set()
         t.join(10)
     assert seen == {"main": "existing", "other": "create"}

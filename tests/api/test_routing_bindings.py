@@ -1,6 +1,7 @@
 """enabled() reaches torch's ``redistribute_local_tensor`` wherever a module bound it by
-name (found by identity), before the block or while it runs, and restores every
-binding exactly on exit, nested blocks included."""
+name (found by identity, in modules loaded before the block or while it runs), and
+restores every binding exactly on exit, nested and threaded blocks included; entering
+a block reads no module again while none was imported."""
 
 from __future__ import annotations
 
@@ -105,19 +106,90 @@ def test_module_imported_inside_the_block(tmp_path):
         sys.modules.pop(name, None)
 
 
-def test_binding_made_after_a_first_block_is_found(tmp_path):
-    # a module scanned once (no binding) that imports the name later is rescanned
+def test_module_loaded_after_a_first_block_is_found(tmp_path):
+    # a module new since the last block's scan is scanned at the next entry
+    with redist_opt.enabled():
+        pass
     mod = types.ModuleType("user_late_binding")
+    exec("from torch.distributed.tensor._redistribute import redistribute_local_tensor as late", mod.__dict__)
     sys.modules[mod.__name__] = mod
     try:
-        with redist_opt.enabled():
-            pass
-        exec("from torch.distributed.tensor._redistribute import redistribute_local_tensor as late", mod.__dict__)
         with redist_opt.enabled():
             assert mod.late is ROUTED
         assert mod.late is TORCH_FN
     finally:
         sys.modules.pop(mod.__name__, None)
+
+
+class _CountingModule(types.ModuleType):
+    """A module that counts how often its namespace is read."""
+
+    reads = 0
+
+    def __getattribute__(self, name):
+        if name == "__dict__":
+            type(self).reads += 1
+        return super().__getattribute__(name)
+
+
+def test_entering_a_block_reads_no_module_again_while_none_is_imported():
+    probe = _CountingModule("user_counting_probe")
+    sys.modules[probe.__name__] = probe
+    try:
+        with redist_opt.enabled():
+            pass
+        scanned = _CountingModule.reads
+        assert scanned >= 1  # the first block after it was loaded scanned it once
+        for _ in range(5):
+            with redist_opt.enabled():
+                with redist_opt.enabled(groups="create"):
+                    pass
+        assert _CountingModule.reads == scanned
+    finally:
+        sys.modules.pop(probe.__name__, None)
+
+
+def test_outside_blocks_every_binding_is_torchs_function_after_threaded_nested_blocks(user_module):
+    import threading
+
+    from torch.distributed.tensor import _redistribute
+
+    patch_points = [importlib.import_module(n) for n in tdt.REDISTRIBUTE_LOCAL_PATCH_POINTS]
+    entered, main_left = threading.Barrier(3), threading.Event()
+
+    seen = []
+
+    def worker():
+        with redist_opt.enabled():
+            entered.wait(10)
+            with redist_opt.enabled(groups="create"):
+                seen.append(user_module.rlt is ROUTED and routing.active_options().groups == "create")
+            main_left.wait(10)  # leave only after the main thread checked
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    with redist_opt.enabled():
+        for t in threads:
+            t.start()
+        entered.wait(10)
+        assert all(m.redistribute_local_tensor is ROUTED for m in patch_points)
+    # the main block left first; the workers' blocks still route
+    assert _redistribute.redistribute_local_tensor is ROUTED
+    main_left.set()
+    for t in threads:
+        t.join(10)
+    assert seen == [True, True]
+    assert routing.active_options() is None
+    assert all(m.redistribute_local_tensor is TORCH_FN for m in patch_points)
+    assert user_module.redistribute_local_tensor is TORCH_FN and user_module.rlt is TORCH_FN
+    # torch's behaviour exactly: the name called outside is torch's own function
+    with LocalTensorMode(8) as lm:
+        mesh, dt = _flattened_mesh(lm)
+        target = tdt.respec(tdt.spec_of_dtensor(dt), placements=[Replicate()] * 3)
+        with CommDebugMode() as counts:
+            out = _redistribute.redistribute_local_tensor(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target)
+        assert counts.get_total_counts() == 3
+        expected = TORCH_FN(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 def test_someone_elses_later_patch_is_left_in_place(user_module):
