@@ -1,0 +1,57 @@
+"""Inductor's FX graph cache and AOTAutograd's cache never serve a graph compiled by
+torch for ``redist_opt.backend()`` or the other way round: in one process in
+either order, and through the disk cache in a fresh process. 4 real gloo ranks,
+caches on; each compiled step's collectives are counted as they run (torch's TP
+block issues 7 per step, ours 4), so a swapped artifact shows in the count.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from support import inductor_cache_programs as P
+from redist_opt.tools.spawn import run_ranks
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo"),
+]
+
+TIMEOUT_S = 900
+TORCH_STEP, OURS_STEP = 7, 4
+
+
+def _check(result: dict) -> None:
+    """Every compile issues its own backend's count and the eager loss; ours is never
+    served from the AOTAutograd cache."""
+    assert result["eager"] == TORCH_STEP
+    for who, count, loss, hits in result["runs"]:
+        assert count == (TORCH_STEP if who == "torch" else OURS_STEP), (who, result["runs"])
+        assert loss == pytest.approx(result["eager_loss"], rel=1e-5), (who, loss, result["eager_loss"])
+        if who == "ours":
+            assert hits == 0, f"redist_opt.backend() was served from the AOTAutograd cache: {result['runs']}"
+
+
+def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
+    # Two block sizes: each order starts from keys the cache has never seen.
+    torch_first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours", "torch")),
+                            timeout=TIMEOUT_S)
+    ours_first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 24, ("ours", "torch", "ours")),
+                           timeout=TIMEOUT_S)
+    for result in torch_first + ours_first:
+        _check(result)
+    for result in torch_first:
+        # The cache is really on: torch's second compile of the block loads its first.
+        assert result["runs"][2][3] > 0, result["runs"]
+
+
+def test_disk_cache_does_not_cross_serve_in_a_fresh_process(tmp_path):
+    # First job: ours, then torch, into an empty cache dir.
+    first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("ours", "torch")), timeout=TIMEOUT_S)
+    # Fresh processes, same cache dir: torch loads its own graphs from disk, ours compiles its own.
+    second = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours")), timeout=TIMEOUT_S)
+    for result in first + second:
+        _check(result)
+    for result in second:
+        assert result["runs"][0][3] > 0, f"torch's compile was not served from the disk cache: {result['runs']}"
