@@ -23,14 +23,14 @@ TORCH_STEP, OURS_STEP = 7, 4
 
 
 def _check(result: dict) -> None:
-    """Every compile issues its own backend's count and the eager loss; ours is never
-    served from the AOTAutograd cache."""
+    """Every compile issues its own backend's count and the eager loss; ours never
+    touches the caches (bypassed: no lookup, no store)."""
     assert result["eager"] == TORCH_STEP
-    for who, count, loss, hits in result["runs"]:
+    for who, count, loss, cache in result["runs"]:
         assert count == (TORCH_STEP if who == "torch" else OURS_STEP), (who, result["runs"])
         assert loss == pytest.approx(result["eager_loss"], rel=1e-5), (who, loss, result["eager_loss"])
         if who == "ours":
-            assert hits == 0, f"redist_opt.backend() was served from the AOTAutograd cache: {result['runs']}"
+            assert set(cache) == {"aot_autograd.autograd_cache_bypass", "inductor.fxgraph_cache_bypass"}, cache
 
 
 def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
@@ -42,16 +42,18 @@ def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
     for result in torch_first + ours_first:
         _check(result)
     for result in torch_first:
-        # The cache is really on: torch's second compile of the block loads its first.
-        assert result["runs"][2][3] > 0, result["runs"]
+        # The caches are really on: torch's second compile of the block loads its first.
+        assert result["runs"][2][3].get("aot_autograd.autograd_cache_hit", 0) > 0, result["runs"]
 
 
 def test_disk_cache_does_not_cross_serve_in_a_fresh_process(tmp_path):
-    # First job: ours, then torch, into an empty cache dir.
+    # First job: ours, then torch, into an empty cache dir; torch's entry is saved.
     first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("ours", "torch")), timeout=TIMEOUT_S)
-    # Fresh processes, same cache dir: torch loads its own graphs from disk, ours compiles its own.
+    # Fresh processes, same cache dir, the other order. (torch 2.13 keys a DTensor program's
+    # AOTAutograd entry on its DTensor inputs' metadata, which differs between processes:
+    # torch misses its own entry here; ours must not even look.)
     second = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours")), timeout=TIMEOUT_S)
     for result in first + second:
         _check(result)
-    for result in second:
-        assert result["runs"][0][3] > 0, f"torch's compile was not served from the disk cache: {result['runs']}"
+    for result in first:
+        assert result["runs"][1][3].get("aot_autograd.autograd_cache_saved", 0) > 0, result["runs"]

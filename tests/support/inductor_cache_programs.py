@@ -85,23 +85,35 @@ def _setup(cache_dir: str):
     return init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
 
 
-def compile_in_order(rank: int, world: int, cache_dir: str, d: int, hidden: int, order: tuple) -> dict:
+def compile_in_order(
+    rank: int, world: int, cache_dir: str, d: int, hidden: int, order: tuple, inductor_config: dict | None = None
+) -> dict:
     """Compile (after ``torch._dynamo.reset()``) and run one step of the same block by each
     backend of ``order`` ("torch": ``torch.compile(m)``; "ours": ``redist_opt.backend()``),
-    in that order, in this process. Returns the eager step's count and, per compile,
-    (backend, collectives of the step, loss, AOTAutograd cache hits during it)."""
+    in that order, in this process, with ``inductor_config`` patched into Inductor's config.
+    Returns the eager step's count and, per compile, (backend, collectives of the step,
+    loss, the cache counters it moved: {"aot_autograd.autograd_cache_hit": n, ...})."""
     import redist_opt
     from torch._dynamo.utils import counters
 
     mesh = _setup(cache_dir)
-    x = torch.randn(2, d, generator=torch.Generator().manual_seed(1))
+    # The input needs its grad, as a block's does inside a model: then the input grads of
+    # q, k and v are reduced too.
+    x = torch.randn(2, d, generator=torch.Generator().manual_seed(1)).requires_grad_()
     eager, eager_loss = step_collectives(build_block(mesh, d, hidden), x)
     runs = []
     for who in order:
         torch._dynamo.reset()
         backend = redist_opt.backend() if who == "ours" else "inductor"
-        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        before = _cache_counts(counters)
         compiled = torch.compile(build_block(mesh, d, hidden), backend=backend)
-        count, loss = step_collectives(compiled, x)
-        runs.append((who, count, loss, counters["aot_autograd"]["autograd_cache_hit"] - hits))
+        with torch._inductor.config.patch(inductor_config or {}):
+            count, loss = step_collectives(compiled, x)
+        hits = {k: v - before.get(k, 0) for k, v in _cache_counts(counters).items()}
+        runs.append((who, count, loss, {k: v for k, v in hits.items() if v}))
     return {"eager": eager, "eager_loss": eager_loss, "runs": runs}
+
+
+def _cache_counts(counters) -> dict:
+    return {f"{group}.{k}": v for group in ("aot_autograd", "inductor") for k, v in counters[group].items()
+            if "cache" in k}
