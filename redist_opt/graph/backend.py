@@ -140,15 +140,7 @@ class _RedistOptBackend:
         )  # fmt: skip
 
 
-def _custom_pass_base():
-    try:
-        from torch._inductor.custom_graph_pass import CustomGraphPass
-    except ImportError:  # pragma: no cover - a torch without Inductor's custom passes
-        return object
-    return CustomGraphPass
-
-
-class CompiledByRedistOpt(_custom_pass_base()):
+class CompiledByRedistOpt(graph_pass.CustomGraphPass):
     """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles: it marks
     the compile as not cacheable (``uuid()`` is None, which makes Inductor's FX graph
     cache and AOTAutograd's cache bypass it: no lookup, no store).
