@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-COMPILED = ("compiled", "compiled_ours")
-BASELINE = {"existing": "plain", "create": "plain", "compiled": "plain", "compiled_ours": "compiled", "plain": None}
+COMPILED = ("compiled", "compiled_inductor", "compiled_ours", "compiled_ours_aot_eager")
+BASELINE = {"existing": "plain", "create": "plain", "compiled": "plain", "compiled_inductor": "plain",
+            "compiled_ours": "compiled_inductor", "compiled_ours_aot_eager": "compiled", "plain": None}
 
 
 LOSS_RTOL = 1e-6  # sums regrouped (reassociation, merged reductions) may round differently

@@ -137,7 +137,8 @@ def _header(results: list, steps: int, warmup: int) -> str:
         "2 layers, seq 64, SDPA), "
         "gloo ranks as the mesh says; per step: collectives counted on the wire (last step), "
         f"wall = median of steps {warmup + 1}..{steps}; loss vs base: every step on every rank "
-        "(base: plain for eager and compiled, compiled for compiled_ours)",
+        "(base: plain for eager and torch compiled, compiled_inductor for compiled_ours, "
+        "compiled for compiled_ours_aot_eager)",
     ]
     if stubbed:
         lines.append(f"stubbed in the ranks (not installed, unused on CPU): {', '.join(stubbed)}")

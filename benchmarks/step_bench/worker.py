@@ -1,8 +1,8 @@
 """One rank of the step bench: every mode of one config, in one process group.
 
 Modes run in this order, each on a freshly built and identically initialised model:
-plain torch, ``enabled(groups="existing")``, compiled (aot_eager) plain, compiled
-with ``redist_opt.backend("aot_eager")``, then ``enabled(groups="create")`` last,
+plain torch, ``enabled(groups="existing")``, compiled plain (aot_eager, then Inductor),
+compiled with ``redist_opt.backend()`` (Inductor, then aot_eager), then ``enabled(groups="create")`` last,
 because the groups it creates would otherwise be "existing" for the modes after it.
 """
 
@@ -21,7 +21,14 @@ from redist_opt.graph import graph_pass
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
 
-MODES = ("plain", "existing", "compiled", "compiled_ours", "create")
+MODES = ("plain", "existing", "compiled", "compiled_inductor", "compiled_ours", "compiled_ours_aot_eager", "create")
+# The backend each compiled mode compiles every TransformerBlock with.
+COMPILE_BACKENDS = {
+    "compiled": lambda: "aot_eager",
+    "compiled_inductor": lambda: "inductor",
+    "compiled_ours": lambda: redist_opt.backend(),
+    "compiled_ours_aot_eager": lambda: redist_opt.backend("aot_eager"),
+}
 
 
 def run_config(
@@ -46,11 +53,7 @@ def run_config(
 
 
 def _compile_backend(mode: str):
-    if mode == "compiled":
-        return "aot_eager"
-    if mode == "compiled_ours":
-        return redist_opt.backend("aot_eager")
-    return None
+    return COMPILE_BACKENDS[mode]() if mode in COMPILE_BACKENDS else None
 
 
 def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int, save: bool) -> dict:
@@ -62,7 +65,7 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int,
     counter = wire.WireCounter()
     log = wire.TransitionLog(counter)
     graph_results: list = []
-    routed = mode in ("existing", "create", "compiled_ours")
+    routed = mode in ("existing", "create", "compiled_ours", "compiled_ours_aot_eager")
     recorder = contextlib.ExitStack()
     if mode != "existing" and mode != "create":  # torch's own calls (compiled_ours: outside the graphs)
         recorder.enter_context(wire.record_torch_transitions(log))

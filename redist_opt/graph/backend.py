@@ -18,6 +18,12 @@ DTensor's) are raised into the IR, optimized together and lowered back. A graph
 it cannot improve is left as it was; if the pass fails, the graph as traced is
 compiled and a warning is given once (``graph_pass=False`` turns it off).
 
+With Inductor, the graphs this backend compiles stay out of Inductor's FX graph
+cache and AOTAutograd's cache (:class:`CompiledByRedistOpt`): both key on the
+graph Dynamo captured and on Inductor's config, and the rewrite happens while
+AOTAutograd traces, so without it a compile by torch and one by this backend
+would share one cache entry, in one process or through the disk cache.
+
 ``REDIST_OPT_DUMP_DIR`` also receives each forward / backward graph this backend
 produced: ``NNNN.compile[.rankR].{forward,backward}.txt``, the collectives with
 their group names and the mesh dims each group stands for, then the graph.
@@ -110,7 +116,7 @@ class _RedistOptBackend:
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
                 return compile_fx_inner(g, inputs, *args, **kwargs)
 
-            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=_uncached_config())
 
         from torch._dynamo.backends.common import aot_autograd
 
@@ -145,6 +151,49 @@ def _compiled_for_any_rank() -> bool:
     import torch.distributed.config
 
     return bool(getattr(torch.distributed.config, "compile_on_one_rank", False))
+
+
+class CompiledByRedistOpt(graph_pass.CustomGraphPass):
+    """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles: it marks
+    the compile as not cacheable (``uuid()`` is None, which makes Inductor's FX graph
+    cache and AOTAutograd's cache bypass it: no lookup, no store).
+
+    Both caches key on the graph Dynamo captured, its inputs and Inductor's config
+    (custom passes by their ``uuid()``); what this backend does to the graphs
+    happens where no key sees it: DTensor's redistributions are planned by
+    redist_opt while AOTAutograd traces, and the compiled-graph pass runs before
+    Inductor's own. A uuid from redist_opt's source and options would separate
+    its entries from torch's, but a cached entry would still be wrong to serve:
+
+    * the compiled-graph pass agrees with the other ranks at compile time on the
+      mesh dims of some slices (:mod:`redist_opt.graph.agreement`); a rank that
+      loads a cached graph never answers, and the ranks that compile wait, give
+      up and keep a chain that the loading rank runs rewritten;
+    * ``groups="create"`` creates process groups while tracing; a graph loaded
+      from the disk cache names groups the loading process never created;
+    * plans depend on facts outside the graph: which flattened groups exist,
+      and the process group's backend, which picks the cost profile.
+
+    So the graphs are compiled afresh each time (as torch's ``aot_eager`` does).
+    The pass itself changes nothing: the rewrite happened before Inductor's passes.
+    """
+
+    def __call__(self, graph) -> None:
+        return None
+
+    def uuid(self):
+        return None
+
+
+def _uncached_config() -> dict:
+    """Inductor config patch for this backend's compiles: :class:`CompiledByRedistOpt`
+    after the post-grad custom passes the user set (which keep running)."""
+    from torch._inductor import config
+    from torch._inductor.custom_graph_pass import get_custom_graph_passes
+
+    user = get_custom_graph_passes(config.post_grad_custom_post_pass)
+    mark = CompiledByRedistOpt()
+    return {"post_grad_custom_post_pass": [*user, mark] if user else mark}
 
 
 def check_inner(inner, *, allow_none: bool = False) -> None:

@@ -1,0 +1,119 @@
+"""Rank bodies of test_inductor_cache.py: a tensor-parallel block compiled with
+Inductor by torch (``torch.compile(m)``) and by ``redist_opt.backend()`` in one
+process, with Inductor's FX graph cache and AOTAutograd's cache on, and the
+collectives each compiled step issues, counted as they run.
+
+The block is classic (Megatron) TP on a 1-D mesh of 4 ranks: q, k, v, w1, w3
+column-wise, o and w2 row-wise, activations local. torch all_reduces the input
+grad of every column-wise projection in the backward (5) and each row-wise
+output in the forward (2); redist_opt's graph pass all_reduces each sum of input
+grads once (2 + 2). So the count of a step says whose graph ran.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+WORLD = 4
+_COLLECTIVES = ("all_reduce", "all_reduce_", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts functional collectives issued while active (compiled graphs included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        # Dynamo skips frames under a user dispatch mode; an infra mode it leaves alone,
+        # so the compiled code runs (and is counted) under this one.
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "_c10d_functional" and func._schema.name.split("::")[-1] in _COLLECTIVES:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        x = x + self.o(self.q(x) * self.k(x) + self.v(x))  # elementwise stand-in for attention
+        return x + self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def build_block(mesh, d: int, hidden: int) -> nn.Module:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    block = Block(d, hidden)
+    col, row = ColwiseParallel(), RowwiseParallel()
+    plan = {"q": col, "k": col, "v": col, "w1": col, "w3": col, "o": row, "w2": row}
+    return parallelize_module(block, mesh, plan)
+
+
+def step_collectives(step, x) -> tuple[int, float]:
+    """(collectives issued, loss) of one forward + backward of ``step``."""
+    counter = CollectiveCounter()
+    with counter:
+        loss = step(x).sum()
+        loss.backward()
+    return counter.count, loss.item()
+
+
+def _setup(cache_dir: str):
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    torch._inductor.config.fx_graph_cache = True
+    torch._functorch.config.enable_autograd_cache = True
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
+
+
+def compile_in_order(
+    rank: int, world: int, cache_dir: str, d: int, hidden: int, order: tuple, inductor_config: dict | None = None
+) -> dict:
+    """Compile (after ``torch._dynamo.reset()``) and run one step of the same block by each
+    backend of ``order`` ("torch": ``torch.compile(m)``; "ours": ``redist_opt.backend()``),
+    in that order, in this process, with ``inductor_config`` patched into Inductor's config.
+    Returns the eager step's count and, per compile, (backend, collectives of the step,
+    loss, the cache counters it moved: {"aot_autograd.autograd_cache_hit": n, ...})."""
+    import redist_opt
+    from torch._dynamo.utils import counters
+
+    mesh = _setup(cache_dir)
+    # The input needs its grad, as a block's does inside a model: then the input grads of
+    # q, k and v are reduced too.
+    x = torch.randn(2, d, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    eager, eager_loss = step_collectives(build_block(mesh, d, hidden), x)
+    runs = []
+    for who in order:
+        torch._dynamo.reset()
+        backend = redist_opt.backend() if who == "ours" else "inductor"
+        before = _cache_counts(counters)
+        compiled = torch.compile(build_block(mesh, d, hidden), backend=backend)
+        with torch._inductor.config.patch(inductor_config or {}):
+            count, loss = step_collectives(compiled, x)
+        hits = {k: v - before.get(k, 0) for k, v in _cache_counts(counters).items()}
+        runs.append((who, count, loss, {k: v for k, v in hits.items() if v}))
+    return {"eager": eager, "eager_loss": eager_loss, "runs": runs}
+
+
+def _cache_counts(counters) -> dict:
+    return {f"{group}.{k}": v for group in ("aot_autograd", "inductor") for k, v in counters[group].items()
+            if "cache" in k}
