@@ -25,6 +25,7 @@ from redist_opt.ir import layout as L
 from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt.ir.placements import RedistributeError, placements_str
+from redist_opt.runtime import consensus
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.execute import execute
 from redist_opt.runtime.groups import GroupUnavailable
@@ -60,8 +61,10 @@ def redistribute_local_tensor(
             d = masks[0]  # Replicate -> _MaskPartial: torch's partition, no collective
             return tdt.mask_partition(target_spec.placements[d], local_tensor, device_mesh, d)
     if reason is None:
+        spec = spec_of(device_mesh)
+        consensus.check_planning_inputs(device_mesh, spec, cost)  # the same profile on every rank
         p, opt = plans_for(
-            spec_of(device_mesh),
+            spec,
             src,
             dst,
             tuple(current_spec.shape),
