@@ -48,7 +48,6 @@ import torch.distributed as dist
 
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
-from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 
 __all__ = [
@@ -74,8 +73,12 @@ _rounds: collections.Counter = collections.Counter()
 WAITS: list = []
 
 
-class AgreementError(RedistributeError, RuntimeError):
-    """Ranks that must agree before acting did not (all joined too late, or some never)."""
+class AgreementError(dist.DistError):
+    """Ranks that must agree before acting did not (all joined too late, or some never),
+    or found that they would act differently. torch's type for a distributed failure
+    (a ``RuntimeError``), not a ``RedistributeError``: nothing is wrong with the
+    input, and the API must not retry it through torch's function, whose
+    collectives the other ranks would not issue."""
 
 
 def needs_agreement(device_mesh) -> bool:
@@ -178,14 +181,15 @@ _agreed: dict = {}
 
 def _planning_facts(spec, cost) -> tuple:
     """(setting as this rank sees it, digest of the profile it plans with or None, error or None)."""
-    setting = f"{cost_module.PROFILE_ENV}={os.environ.get(cost_module.PROFILE_ENV, '')!r}"
     if cost is not None:
-        return ("cost= argument", _digest(sorted(cost.to_dict().items())), None)
+        return ("the cost= argument", _digest(sorted(cost.to_dict().items())), None)
     try:
         model, source = cost_module.resolve(spec)
     except ValueError as e:
-        return (setting, None, str(e))
-    return (f"{setting} ({source})", _digest(sorted(model.to_dict().items())), None)
+        return (None, None, str(e))
+    if not os.environ.get(cost_module.PROFILE_ENV, "").strip():
+        source += f", {cost_module.PROFILE_ENV} unset"
+    return (source, _digest(sorted(model.to_dict().items())), None)
 
 
 def check_planning_inputs(device_mesh, spec, cost=None) -> None:

@@ -38,9 +38,9 @@ def one_rank_skips_a_collective(ctx):
     return {"t": t}
 
 
-def _ppr_and_prp(ctx, mesh, out):
+def _ppr_and_prp(ctx, mesh, out, shape=(4, 6)):
     with ctx.section("redistribute"):
-        x = _partial_input(mesh, [Partial(), Partial(), Replicate()])
+        x = _partial_input(mesh, [Partial(), Partial(), Replicate()], shape)
         out["ppr"] = x.redistribute(mesh, [Replicate(), Replicate(), Replicate()]).to_local()
         y = _partial_input(mesh, [Partial(), Replicate(), Partial()])
         out["prp"] = y.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local()
@@ -99,10 +99,12 @@ def _pp_dp_reference(mesh):
 
 def profile_differs(ctx):
     """(f) ``P,P,R -> R,R,R`` on 2x2x2 under groups="create" with each rank's own
-    ``REDIST_OPT_COST_PROFILE`` (set per rank by the test)."""
+    ``REDIST_OPT_COST_PROFILE`` (set per rank by the test). At (64, 64) the nccl
+    profile merges the two all_reduces into one over a new group and the gloo
+    profile keeps two."""
     mesh = init_device_mesh("cpu", (2, 2, 2))
     with ctx.redistribution():
-        return _ppr_and_prp(ctx, mesh, {})
+        return _ppr_and_prp(ctx, mesh, {}, shape=(64, 64))
 
 
 def rank_3_fails_to_arrive(ctx):
