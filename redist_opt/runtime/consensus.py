@@ -96,6 +96,11 @@ def agreement_timeout_s() -> float:
     return tdt.default_store().timeout.total_seconds()
 
 
+def _mesh_ranks(device_mesh) -> list[int]:
+    with tdt.outside_tracing():  # planning may run while AOTAutograd traces
+        return [int(r) for r in device_mesh.mesh.flatten().tolist()]
+
+
 def _digest(what) -> str:
     return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
@@ -161,7 +166,7 @@ def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str |
     the group failed on this rank, or None."""
     if not needs_agreement(device_mesh):
         return failure
-    ranks = [int(r) for r in device_mesh.mesh.flatten().tolist()]
+    ranks = _mesh_ranks(device_mesh)
     outcomes = exchange(f"creating the merged group over mesh dims {tuple(dims)}", ranks, failure)
     failed = {r: why for r, why in outcomes.items() if why is not None}
     if not failed:
@@ -175,8 +180,8 @@ def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str |
 
 # -- what planning reads from the environment ------------------------------------------
 
-# mesh ranks -> cost keys already agreed (a dict lookup after the first planning)
-_agreed: dict = {}
+# (mesh, cost) pairs already agreed: after the first planning, one set lookup
+_agreed: set = set()
 
 
 def _planning_facts(spec, cost) -> tuple:
@@ -194,17 +199,15 @@ def _planning_facts(spec, cost) -> tuple:
 
 def check_planning_inputs(device_mesh, spec, cost=None) -> None:
     """Raise :class:`AgreementError` on every rank of ``device_mesh`` when its ranks
-    would plan with different cost profiles (or some cannot read theirs); checked
-    once per mesh and ``cost`` at the first planning, a dict lookup afterwards."""
-    mesh_key = (id(L.root_mesh(device_mesh)), tuple(device_mesh.mesh.flatten().tolist()))
-    cost_key = id(cost) if cost is not None else None
-    done = _agreed.get(mesh_key)
-    if done is not None and cost_key in done:
+    would plan with different cost profiles (or some cannot read theirs); agreed
+    once per mesh and ``cost`` (a ``CostModel``, hashable) at the first planning."""
+    key = (device_mesh, cost)
+    if key in _agreed:
         return
     if needs_agreement(device_mesh):
-        facts = exchange("the cost profile planning uses", mesh_key[1], _planning_facts(spec, cost))
-        _raise_if_different(facts)
-    _agreed.setdefault(mesh_key, set()).add(cost_key)
+        ranks = _mesh_ranks(device_mesh)
+        _raise_if_different(exchange("the cost profile planning uses", ranks, _planning_facts(spec, cost)))
+    _agreed.add(key)
 
 
 def _raise_if_different(facts: dict) -> None:
