@@ -29,7 +29,11 @@ NCCL = {"REDIST_OPT_COST_PROFILE": "nccl"}
 def _run(program, **kw):
     kw.setdefault("options", dict(groups="create"))
     kw.setdefault("env", NCCL)
-    return fh.run_program(program, WORLD, bound_s=BUDGET_S, pg_timeout_s=PG_TIMEOUT_S, **kw)
+    reps = fh.run_program(program, WORLD, bound_s=BUDGET_S, pg_timeout_s=PG_TIMEOUT_S, **kw)
+    # the numbers docs/faults.md reports (`-s` shows them)
+    print(f"\n{program.__name__} {kw.get('args', '')}: worst agreement round "
+          f"{fh.worst_agreement_wait(reps):.2f} s, worst section {fh.worst_wait(reps):.2f} s (T = {PG_TIMEOUT_S:g} s)")
+    return reps
 
 
 def _assert_every_rank_raised(reps, *needles):
