@@ -34,6 +34,7 @@ from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
+from redist_opt.runtime import consensus
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.execute import check_local_shape, execute, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
@@ -73,7 +74,9 @@ def redistribute_local_tensor(
             return tdt.mask_partition(target_spec.placements[d], local_tensor, device_mesh, d)
     hot = None
     if reason is None:
-        hot = plans_for(spec_of(device_mesh), src, dst, tuple(current_spec.shape), local_tensor.dtype, options)
+        spec = spec_of(device_mesh)
+        consensus.check_planning_inputs(device_mesh, spec, options.cost)  # the same profile on every rank
+        hot = plans_for(spec, src, dst, tuple(current_spec.shape), local_tensor.dtype, options)
         reason = hot.naive.fallback_reason
     if reason is not None:
         warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")

@@ -11,6 +11,7 @@ here, so a torch upgrade that moves these classes touches this file only.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from itertools import permutations
@@ -137,31 +138,71 @@ def root_index_space(device_mesh) -> int:
     return int(root._layout.numel())
 
 
-def create_flattened_mesh(device_mesh, layout: FlatLayout):
+def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
     """A 1-D DeviceMesh whose one dim is the communicator ``layout`` (root index space).
 
     Built from the layout, as DeviceMesh._flatten builds its meshes, but without
     needing mesh dim names (a mesh from ``init_device_mesh(..., (2, 2, 2))`` has
-    none) and for any dim order. Every rank creates the process groups of all
-    tiles of the layout, in the same order (the constructor's contract), so every
-    rank must call this for the same layouts in the same order. Cached in the
-    root's ``_flatten_mapping`` under a name derived from the layout, so the next
-    lookup (``known_communicators``) finds it.
+    none) and for any dim order. Cached in the root's ``_flatten_mapping`` under a
+    name derived from the layout, so the next lookup (``known_communicators``)
+    finds it; :func:`forget_flattened_mesh` takes it out again.
+
+    On a real backend only the calling rank's own group (its tile of the layout) is
+    created, by its members only, under a name derived from its ranks: so ranks
+    that run different programs (pipeline stages) can create different groups, or
+    none, without shifting the sequential names of groups created later, and the
+    members agree on the name whatever groups each created before. ``timeout``
+    bounds the connection to the other members (a member that never arrives);
+    the group then gets the default group's timeout. Under the ``fake`` backend
+    (simulated ranks, one process) every tile is created, as DeviceMesh does.
     """
     root = device_mesh._get_root_mesh()
     name = "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
     existing = root._flatten_mapping.get(name)
     if existing is not None and existing._layout.collapse() == layout:
         return existing
-    flat = DeviceMesh(
-        root._device_type,
-        _layout=_MeshLayout((layout,)),
-        _rank_map=root._rank_map,
-        mesh_dim_names=(name,),
-        _root_mesh=root,
-    )
+    if dist.get_backend() == "fake":
+        flat = DeviceMesh(root._device_type, _layout=_MeshLayout((layout,)), _rank_map=root._rank_map,
+                          mesh_dim_names=(name,), _root_mesh=root)
+    else:
+        tiles = _MeshLayout((layout,)).remap_to_tensor(root._rank_map).tolist()
+        me = dist.get_rank()
+        tile = next(t for t in tiles if me in t)
+        pg = _member_group(sorted(tile), f"mesh_{name}", timeout)
+        flat = DeviceMesh(root._device_type, _layout=_MeshLayout((layout,)), _rank_map=root._rank_map,
+                          mesh_dim_names=(name,), _root_mesh=root, _init_backend=False)
+        flat._dim_group_names = [pg.group_name]
+        root._pg_registry[pg.group_name] = pg
     root._flatten_mapping[name] = flat
     return flat
+
+
+def forget_flattened_mesh(device_mesh, layout: FlatLayout) -> None:
+    """Take the flattened mesh of ``layout`` out of the root's mapping (its group is
+    no longer found by ``known_communicators``)."""
+    root = device_mesh._get_root_mesh()
+    for name, flat in list(root._flatten_mapping.items()):
+        if name.startswith("redist_opt_") and flat._layout.collapse() == layout:
+            del root._flatten_mapping[name]
+
+
+def _member_group(ranks: list[int], desc: str, timeout):
+    """The process group over ``ranks`` (sorted, as ``new_group`` orders them), made by
+    its members alone under a name that depends on the ranks only."""
+    c10d = dist.distributed_c10d
+    name = "redist_opt_" + hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()[:20]
+    for pg, pg_name in c10d._world.pg_names.items():
+        if pg_name == name:
+            return pg
+    default_timeout = c10d._get_default_store().timeout
+    pg, _ = c10d._new_process_group_helper(
+        len(ranks), ranks.index(dist.get_rank()), ranks, dist.get_backend(), c10d._get_default_store(),
+        name, timeout=timeout or default_timeout, group_desc=desc,
+    )
+    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+    if timeout is not None and timeout != default_timeout:
+        c10d._set_pg_timeout(default_timeout, pg)
+    return pg
 
 
 # -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------

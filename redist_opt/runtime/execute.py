@@ -171,14 +171,17 @@ def execute(
     coords = None
     x = local_tensor
     check_local_shape(input_shape(gm), x, device_mesh)
+    # Every group first: one that cannot be had (GroupUnavailable, agreed on every
+    # rank) is then known before this rank issued any collective of the plan.
+    pgs = {node: resolve_group(device_mesh, node.args[1], groups)
+           for node in gm.graph.nodes if ir_name(node) is not None and node.target.is_collective}
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:
             continue
         params = node.args[1:]
         if node.target.is_collective:
-            pg = resolve_group(device_mesh, params[0], groups)
-            x = run_collective(name, x, params, pg)
+            x = run_collective(name, x, params, pgs[node])
             if not async_op and isinstance(x, funcol.AsyncCollectiveTensor):
                 x = x.wait()
         else:

@@ -9,16 +9,26 @@
    traces, this runs at trace time: every rank traces the same program, so groups
    are created in the same order.
 
+Creation is agreed (``redist_opt.runtime.consensus``): every rank of the mesh
+reports whether creating its group worked, and either all use the merged groups
+or all raise :class:`GroupUnavailable` (then and for every later lookup of that
+layout), so no rank runs the merged collective while a peer falls back. A rank
+that waits for a peer that never creates its group gives up after half the
+agreement bound, so that its report still reaches the round.
+
 A group that cannot be resolved raises :class:`GroupUnavailable`; the API falls
 back to the unmerged plan and warns once.
 """
 
 from __future__ import annotations
 
+import datetime
+
 import torch.distributed as dist
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
+from redist_opt.runtime import consensus
 from redist_opt.runtime.torch_dtensor import outside_tracing
 
 __all__ = ["resolve_group", "GroupUnavailable"]
@@ -39,13 +49,32 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
             return dist.group.WORLD
         return found
     if policy != "existing":
-        try:
-            with outside_tracing():
-                flat = L.create_flattened_mesh(device_mesh, group.layout)
-        except Exception as e:  # a backend that cannot make a new communicator
-            raise GroupUnavailable(f"creating a flattened group over {group.dims} failed: {e}") from e
-        return (flat, 0)
+        return (_create_agreed(device_mesh, group), 0)
     raise GroupUnavailable(
         f"no process group has the layout of mesh dims {group.dims} "
         f"({group.layout}); flatten them or use groups='create'"
     )
+
+
+def _create_agreed(device_mesh, group: MeshGroup):
+    """The flattened mesh of ``group``, created on this rank and agreed on by every
+    rank of ``device_mesh``; raises :class:`GroupUnavailable` on all of them alike."""
+    layout = group.layout
+    abandoned = consensus.abandoned_reason(device_mesh, layout)
+    if abandoned is not None:
+        raise GroupUnavailable(abandoned)
+    flat, failure = None, None
+    try:
+        timeout = None
+        if consensus.needs_agreement(device_mesh):
+            timeout = datetime.timedelta(seconds=consensus.agreement_timeout_s() / 2)
+        with outside_tracing():
+            flat = L.create_flattened_mesh(device_mesh, layout, timeout=timeout)
+    except Exception as e:  # a backend that cannot make a new communicator
+        failure = f"{type(e).__name__}: {e}"
+    reason = consensus.agree_group_created(device_mesh, layout, group.dims, failure)
+    if reason is not None:
+        if flat is not None:
+            L.forget_flattened_mesh(device_mesh, layout)
+        raise GroupUnavailable(reason)
+    return flat

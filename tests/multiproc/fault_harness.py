@@ -79,6 +79,7 @@ class RankReport:
     collectives: list = dataclasses.field(default_factory=list)  # [Collective]
     groups: dict = dataclasses.field(default_factory=dict)  # group name -> (global ranks, desc)
     sections: dict = dataclasses.field(default_factory=dict)  # name -> seconds
+    agreement_waits: list = dataclasses.field(default_factory=list)  # redist_opt's rounds: (topic, seconds)
     elapsed_s: float | None = None  # the optimized call, start to return or raise
     stacks: str | None = None
     fr_wrapped: bool = False
@@ -200,6 +201,11 @@ def worst_wait(reports: dict, names=None) -> float:
                 if names is None or n in names), default=0.0)
 
 
+def worst_agreement_wait(reports: dict) -> float:
+    """The longest wait of a rank in one of redist_opt's agreement rounds, in seconds."""
+    return max((s for rep in reports.values() for _, s in rep.agreement_waits), default=0.0)
+
+
 def assert_consistent(reports: dict, *, bound_s: float | None = None, outputs: bool = True,
                       expect_ok: bool = True) -> None:
     """Raise AssertionError naming every problem: a rank not ok (when ``expect_ok``),
@@ -276,6 +282,11 @@ def _snapshot(report: RankReport) -> None:
     trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     report.collectives, report.fr_wrapped = collectives_from_fr(trace)
     report.groups = _group_table({c.group for c in report.collectives})
+    try:
+        from redist_opt.runtime import consensus
+    except ImportError:  # a redist_opt without run-time agreement
+        return
+    report.agreement_waits = list(consensus.WAITS)
 
 
 def _write(path: str, report: RankReport) -> None:
