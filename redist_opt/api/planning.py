@@ -13,7 +13,6 @@ from redist_opt.debug import dump
 from redist_opt.api.specs import as_spec, clear_spec_cache
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import plan as plan_module
-from redist_opt.ir.ops import ir_name
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.plan import Plan, make_plan
 
@@ -70,26 +69,14 @@ class HotPlan:
     """A cached ``(naive, optimized)`` plan pair (unpacks as that pair), and what runs
     it on a cached eager call (``api.eager`` fills ``runners``)."""
 
-    __slots__ = ("naive", "opt", "options", "runners", "_is_naive")
+    __slots__ = ("naive", "opt", "options", "runners")
 
     def __init__(self, naive: Plan, opt: Plan, options: PlanOptions) -> None:
         self.naive, self.opt, self.options = naive, opt, options
         self.runners: dict = {}
-        self._is_naive: bool | None = None
 
     def __iter__(self):
         return iter((self.naive, self.opt))
-
-    def is_naive(self) -> bool:
-        """Whether the optimized plan is the naive one (torch's greedy steps), op for op."""
-        if self._is_naive is None:
-            self._is_naive = not self.naive.fallback and _ops(self.opt) == _ops(self.naive)
-        return self._is_naive
-
-
-def _ops(p: Plan) -> tuple:
-    """The plan's ops in order with their parameters (node names left out)."""
-    return tuple((ir_name(n), n.args[1:]) for n in p.graph.graph.nodes if ir_name(n) is not None)
 
 
 # (spec, src, dst, shape, dtype, options) -> HotPlan

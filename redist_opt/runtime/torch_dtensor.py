@@ -44,7 +44,6 @@ from torch.distributed._functional_collectives import _resolve_group_name as _fu
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _collective_utils as _torch_collective_utils
 from torch.distributed.tensor import _redistribute as _torch_redistribute
-from torch.distributed.tensor._redistribute import _FlattenedTransformInfo
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.placement_types import _MaskPartial
@@ -88,7 +87,6 @@ __all__ = [
     "apply_and_release_mask",
     "torch_redistribute_handback",
     "hits_uneven_all_gather_merge",
-    "torch_runs_unmerged",
     "group_name",
     "are_we_tracing",
     "debug_mode_active",
@@ -303,20 +301,6 @@ def hits_uneven_all_gather_merge(current: DTensorSpec, target: DTensorSpec) -> b
                 return True
         i = j
     return False
-
-
-def torch_runs_unmerged(current: DTensorSpec, target: DTensorSpec) -> bool:
-    """Whether torch's function, merge pass on, runs its greedy steps unchanged for
-    this call (its merge pass merges none of them): then it runs exactly the naive
-    plan. Asks torch's own planner and merge pass (once per cached plan: not cheap)."""
-    try:
-        infos = _torch_redistribute._gen_transform_infos_non_cached(current, target)
-        merged = _torch_redistribute._optimize_transform_infos(
-            infos, current.mesh, current.placements, target.placements
-        )
-    except Exception:  # noqa: BLE001 - torch plans this differently or not at all
-        return False
-    return len(merged) == len(infos) and not any(isinstance(i, _FlattenedTransformInfo) for i in merged)
 
 
 def torch_redistribute_handback(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):

@@ -1,6 +1,6 @@
-"""A cached eager call: torch's own function where our plan is torch's, else a
-program specialized to the rank (integers, resolved groups, no sympy, no FX
-interpretation); collectives left pending where torch leaves them."""
+"""A cached eager call runs a program specialized to the rank (integers, resolved
+groups, no sympy, no FX interpretation), where our plan is torch's too; collectives
+are left pending where torch leaves them."""
 
 from __future__ import annotations
 
@@ -104,19 +104,23 @@ def test_where_our_plan_differs_a_cached_call_runs_the_rank_program(src, dst, sh
 
 
 @pytest.mark.parametrize("src,dst,shape", EQUAL)
-def test_where_our_plan_is_torchs_a_cached_call_is_torchs_function(src, dst, shape, monkeypatch):
+def test_where_our_plan_is_torchs_a_cached_call_runs_our_program_not_torchs_function(src, dst, shape, monkeypatch):
     with LocalTensorMode(8) as lm:
         mesh = _mesh()
         dt = _input(lm, mesh, src, shape)
-        expected = dt.redistribute(mesh, list(dst))
+        with CommDebugMode() as theirs:
+            expected = dt.redistribute(mesh, list(dst))
         with redist_opt.enabled():
             dt.redistribute(mesh, list(dst))
-            assert _runner(dt, list(dst)) is eager._torch_runner
+            run = _runner(dt, list(dst))
             calls = []
             real = tdt.TORCH_REDISTRIBUTE_LOCAL
             monkeypatch.setattr(tdt, "TORCH_REDISTRIBUTE_LOCAL", lambda *a, **k: calls.append(1) or real(*a, **k))
-            again = dt.redistribute(mesh, list(dst))
-        assert calls == [1]
+            with CommDebugMode() as ours:
+                again = dt.redistribute(mesh, list(dst))
+        assert isinstance(run.program, RankProgram)
+        assert calls == []  # torch's function is not called on a cached call
+        assert ours.get_comm_counts() == theirs.get_comm_counts()  # the same collectives as torch's
         _assert_same(again, expected)
 
 
