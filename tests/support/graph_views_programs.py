@@ -60,8 +60,11 @@ def build_meshes(world_size: int = 8, degrees=DEGREES) -> dict:
 
 def build_meshes_torchtitan(world_size: int = 8, degrees=DEGREES) -> dict:
     """The same meshes from torchtitan's own ``ParallelDims`` (when installed)."""
+    from torchtitan.distributed import parallel_dims
     from torchtitan.distributed.parallel_dims import ParallelDims
 
+    # torchtitan picks "cuda" when no accelerator is found; these meshes live on the CPU.
+    parallel_dims.device_type = "cpu"
     d = degrees
     dims = ParallelDims(dp_replicate=d["dp_replicate"], dp_shard=d["dp_shard"], cp=d["cp"], tp=d["tp"],
                         pp=d["pp"], ep=d["ep"], world_size=world_size, spmd_backend="full_dtensor")
