@@ -5,7 +5,7 @@ Each test compiles programs with ``redist_opt.backend`` and with torch's
 differ, pipeline stages, a graph traced for any rank) and asserts, from the gloo
 flight recorder, that every rank issued the same collectives in every process
 group, that the outputs equal the reference's, and that no compile waited longer
-than the agreement's bound. The measured worst waits are in docs/faults_compile.md.
+than the agreement's bound. The measured worst waits are in docs/faults.md (Compile time).
 """
 
 from __future__ import annotations
