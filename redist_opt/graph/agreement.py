@@ -100,6 +100,11 @@ class SliceAgreement:
         self._rounds: collections.Counter = collections.Counter()
         self._generation = cache_generation()
 
+    @property
+    def rounds_asked(self) -> int:
+        """How many store rounds this compiler asked since the caches were last cleared."""
+        return sum(self._rounds.values()) if self._generation == cache_generation() else 0
+
     def _round_key(self, what) -> str:
         if self._generation != cache_generation():  # clear_caches() ran: every count restarts
             self._rounds.clear()

@@ -84,7 +84,7 @@ def test_every_entry_point_takes_options_or_its_fields():
         assert routing.active_options() == options
     with redist_opt.enabled("existing", options=options):  # the default groups leave options' groups
         assert routing.active_options().groups == "create"
-    assert redist_opt.backend("aot_eager", options=options).options is options
+    assert redist_opt.backend("aot_eager", options=options).options == options
     with pytest.raises(RedistributeError, match="options="):
         redist_opt.optimize(_plan(), options={"groups": "create"})
 

@@ -231,4 +231,6 @@ def compiled_for_any_rank(ctx) -> dict:
             if not ctx.reference:
                 backend_module.run_graph_pass = real
     code = "\n----\n".join(codes)
-    return {"y": y, "_code": torch.tensor(list(code.encode()), dtype=torch.uint8), **comp.close()}
+    rounds = 0 if ctx.reference else comp.backend.agreement.rounds_asked
+    return {"y": y, "_code": torch.tensor(list(code.encode()), dtype=torch.uint8),
+            "_rounds": torch.tensor(list(str(rounds).encode()), dtype=torch.uint8), **comp.close()}

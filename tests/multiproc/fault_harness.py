@@ -330,7 +330,8 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
         # exits closes its gloo connections, which would turn its peers' hang in a
         # collective it never issued into an error, unlike a job whose ranks go on.
         # No destroy_process_group: a rank whose peers are gone would block in it.
-        _wait_for_reports(out_dir, world, start + bound_s + 2.0)
+        # The grace covers a peer whose watchdog fires late on a loaded machine.
+        _wait_for_reports(out_dir, world, start + bound_s + _KILL_GRACE_S)
         os._exit(exitcode)
 
     def watchdog():

@@ -17,12 +17,12 @@ import copy
 import dataclasses
 import json
 import math
-import pathlib
 import subprocess
 import sys
 from collections import Counter
 
 from support.inputs import build_input
+from support.paths import ROOT
 from support.runs import collective_kind
 import pytest
 from torch.distributed._local_tensor import LocalTensorMode
@@ -38,7 +38,6 @@ from redist_opt.tools.cli import main
 pytestmark = pytest.mark.xdist_group("quality")  # the result fixture runs the corpus
 
 
-ROOT = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "benchmarks").is_dir())  # the checkout
 BY_ID = {c.id: c for c in quality.load_corpus()}
 SMALL = ["hsdp_grad", "gradnorm_3d", "ep_dispatch_borrow_cp"]
 
