@@ -8,7 +8,9 @@ Entry points:
   compiler);
   Then all-reduce reassociation (:mod:`redist_opt.graph.reassociate`):
   ``add(all_reduce(a, G), all_reduce(b, G))`` -> ``all_reduce(add(a, b), G)``;
-  counted in ``GraphPassResult.reassociated``;
+  counted in ``GraphPassResult.reassociated``; then all-gather combining
+  (:mod:`redist_opt.graph.combine`): small gathers of values ready early, over one
+  group, become one gather of their concatenation; in ``GraphPassResult.combined``;
 * :class:`RedistGraphPass`: the same as an Inductor ``CustomGraphPass`` for
   ``torch._inductor.config.post_grad_custom_post_pass``, with a stable ``uuid``
   (hash of this pass's source files and options) so FX graph caching stays correct.
@@ -60,16 +62,20 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
-from redist_opt.graph import agreement, chain_placements, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate
+from redist_opt.graph import (
+    agreement, chain_placements, combine, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate,
+)
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
+from redist_opt.graph.combine import Combination, combine_all_gathers
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
-from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.mesh_groups import mesh_contexts, resolve_group_name
 from redist_opt.graph.raise_chains import find_chains
 from redist_opt.graph.reassociate import Reassociation, reassociate_all_reduces
 from redist_opt.ir.cost import CostModel, steps_and_bytes
+from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
@@ -109,11 +115,18 @@ class GraphPassResult:
     not_raised: list[NotRaised]
     # adds/subs of all_reduced values rewritten by the reassociation pass (after the chains)
     reassociated: list[Reassociation] = dataclasses.field(default_factory=list)
+    # all_gathers combined by the combining pass (last)
+    combined: list[Combination] = dataclasses.field(default_factory=list)
 
     @property
     def all_reduces_reassociated(self) -> int:
         """All_reduces the reassociation pass removed."""
         return sum(r.removed for r in self.reassociated)
+
+    @property
+    def all_gathers_combined(self) -> int:
+        """All_gathers the combining pass removed."""
+        return sum(c.removed for c in self.combined)
 
     def _counted(self) -> list[ChainResult]:
         # a chain through a shared value that was not rewritten overlaps the chains
@@ -130,7 +143,7 @@ class GraphPassResult:
 
     def explain(self) -> str:
         lines = [str(c) for c in self.chains] + [str(n) for n in self.not_raised]
-        lines += [str(r) for r in self.reassociated]
+        lines += [str(r) for r in self.reassociated] + [str(c) for c in self.combined]
         return "\n".join(lines)
 
 
@@ -180,7 +193,8 @@ def optimize_graph(
 ) -> GraphPassResult:
     """Raise, optimize and lower back every collective chain of ``gm``, in place; then
     (``reassociate=True``) fold adds of all_reduced values into one all_reduce of the
-    sum (:mod:`redist_opt.graph.reassociate`).
+    sum (:mod:`redist_opt.graph.reassociate`); (``combine=True``) combine small
+    all_gathers of early values over one group (:mod:`redist_opt.graph.combine`).
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
     against; None finds every live root mesh this rank belongs to, and a group name
@@ -203,10 +217,10 @@ def optimize_graph(
         agreement = SliceAgreement(all_gather)
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate)
+        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate, combine)
 
 
-def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=True) -> GraphPassResult:
+def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=True, combine=True) -> GraphPassResult:
     """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
@@ -249,16 +263,33 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
                     erased.add(n)
             modified = True
     reassociated = reassociate_all_reduces(graph) if reassociate else []
-    modified = modified or bool(reassociated)
+    combined = combine_all_gathers(graph, _gather_time(contexts, cost)) if combine and contexts else []
+    modified = modified or bool(reassociated) or bool(combined)
     if modified:
         graph.lint()
         if isinstance(gm, fx.GraphModule):
             gm.recompile()
-    result = GraphPassResult(modified, results, not_raised, reassociated)
+    result = GraphPassResult(modified, results, not_raised, reassociated, combined)
     if dump_dir is not None:
         _write(dump_dir, f"{tag}.after.txt", _graph_text(gm))
         _write(dump_dir, f"{tag}.explain.txt", result.explain() + "\n")
     return result
+
+
+def _gather_time(contexts, cost: CostModel | None):
+    """The combining pass's price of an all_gather over a named group: the cost model
+    chains on that group's mesh are planned with (``cost``, else the mesh's profile)."""
+    names: dict = {}
+
+    def gather_time(group: str, n: int, nbytes: int) -> float | None:
+        found = resolve_group_name(group, contexts, names)
+        if isinstance(found, str):
+            return None
+        ctx, dims = found
+        model = cost if cost is not None else resolve_cost(ctx.spec)[0]
+        return model.collective_time("all_gather", ctx.spec.group(dims), nbytes, ctx.spec)
+
+    return gather_time
 
 
 def _agree(graph, chains: list[Chain], agreement: SliceAgreement):
@@ -397,7 +428,7 @@ except ImportError:  # pragma: no cover
 # The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
 SOURCE_FILES = (__file__, *(
     m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains,
-                         lower_ops, reassociate)
+                         lower_ops, reassociate, combine)
 ))
 
 

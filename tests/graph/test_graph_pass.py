@@ -89,6 +89,13 @@ def test_gather_then_own_block_is_nothing(report):
     assert g["after"] == {}, g["explain"]
 
 
+def test_parameter_gathers_are_combined(report):
+    (g,) = report["noflat/gathered_params"]
+    assert g["before"] == {"all_gather": 2}
+    assert g["after"] == {"all_gather": 1}, g["explain"]
+    assert "combined 2 all_gathers over group" in g["explain"]
+
+
 def test_forward_and_backward_graphs(report):
     fw, bw = report["noflat/dtensor_grad"]
     # P,P,P -> R,R,R: the world group exists (the mesh is the world in rank order)

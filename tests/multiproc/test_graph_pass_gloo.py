@@ -39,6 +39,7 @@ def test_programs_get_cheaper_on_gloo(programs):
     assert r["flat/simplefsdp"] == {"before": 3, "after": 2, "modified": True}
     assert r["noflat/simplefsdp"]["modified"] and r["noflat/simplefsdp"]["after"] == 3
     assert r["noflat/gather_then_own_block"]["after"] == 0
+    assert r["noflat/gathered_params"] == {"before": 2, "after": 1, "modified": True}
     # slices on the all-size-2 mesh: resolved by agreement across ranks
     assert r["noflat/gather_then_own_block@m3"]["after"] == 0
     assert r["noflat/replicate_then_shard@m3"]["modified"]

@@ -50,6 +50,20 @@ def simplefsdp(mesh):
     return f
 
 
+def gathered_params(mesh):
+    """SimpleFSDP's forward: two parameters gathered over dps (DTensor S(0) -> R), both
+    ready before the first gather: the combining pass makes one gather of the two."""
+    dps = mesh["dps"]
+
+    def f(x):
+        w1, w2 = x[:2].contiguous(), x[2:].contiguous()
+        g1 = DTensor.from_local(w1, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
+        g2 = DTensor.from_local(w2, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
+        return g1.sum(0) * 10 + g2.sum(0)
+
+    return f
+
+
 def replicate_then_shard(mesh):
     """``redistribute(R)``, a few ops, then a reshard to ``Shard(0)`` (DTensor on tp)."""
     tp = mesh["tp"]
@@ -129,6 +143,7 @@ PROGRAMS = {
     "replicate_then_shard": (replicate_then_shard, (8, 4), "m24"),
     "gather_then_own_block": (gather_then_own_block, (4, 4), "m24"),
     "dtensor_grad": (dtensor_grad, (8, 4), "m3"),
+    "gathered_params": (gathered_params, (8, 4), "m3"),
 }
 # On the 2x2x2 mesh every dim has size 2: the slice's dims need agreement across ranks.
 AGREEMENT = {

@@ -1,0 +1,248 @@
+"""All-gather combining (``redist_opt.graph.combine``): graph text in, graph text out.
+
+Small fx graphs are built by hand from funcol ``all_gather_into_tensor`` +
+``wait_tensor`` nodes whose values are fake tensors (as in a compiled graph);
+group names are plain strings, priced by a stub: every gather costs 1 unit plus
+1 unit per ``BYTES_PER_UNIT`` bytes fed in, so a combined gather stays
+latency-bound (legality 4) up to ``BYTES_PER_UNIT`` bytes. Each legality
+condition has a twin the pass leaves as it was; ``test_values`` runs the
+rewritten graph against the original on a fake process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from expecttest import TestCase
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from redist_opt.graph.combine import MAX_HOISTED, combine_all_gathers
+
+aten = torch.ops.aten
+C10D = torch.ops._c10d_functional
+BYTES_PER_UNIT = 1024
+
+
+def stub_time(group, n, nbytes):
+    return None if group == "unpriced" else 1.0 + nbytes / BYTES_PER_UNIT
+
+
+class G:
+    """A tiny graph builder: ``g.x("a", shape)`` placeholders, ``g.ag(x)`` gathered values."""
+
+    def __init__(self) -> None:
+        self.graph = fx.Graph()
+        self.mode = FakeTensorMode()
+
+    def x(self, name, shape=(4, 2), dtype=torch.float32):
+        n = self.graph.placeholder(name)
+        with self.mode:
+            n.meta["val"] = torch.empty(shape, dtype=dtype)
+        return n
+
+    def call(self, target, *args):
+        n = self.graph.call_function(target, args)
+        with self.mode:
+            n.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
+        return n
+
+    def ag(self, x, group="7", n=2):
+        return self.call(C10D.wait_tensor.default, self.call(C10D.all_gather_into_tensor.default, x, n, group))
+
+    def text(self, *outs) -> str:
+        self.graph.output(outs[0] if len(outs) == 1 else tuple(outs))
+        self.graph.lint()
+        done = combine_all_gathers(self.graph, stub_time)
+        self.graph.lint()
+        lines = [f"# combined: {sum(c.removed for c in done)}"]
+        for n in self.graph.nodes:
+            if n.op == "call_function":
+                name = getattr(n.target, "__name__", None) if callable(n.target) and not isinstance(
+                    n.target, torch._ops.OpOverload) else None
+                name = name or str(n.target).replace("_c10d_functional.", "").replace("aten.", "")
+                args = ", ".join(_arg(a) for a in n.args)
+                lines.append(f"{n.name} = {name}({args})")
+            elif n.op == "output":
+                lines.append(f"return {_arg(n.args[0])}")
+        return "\n".join(lines)
+
+
+def _arg(a):
+    if isinstance(a, fx.Node):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_arg(x) for x in a) + "]"
+    return repr(a)
+
+
+class TestCombine(TestCase):
+    def test_two_gathers_of_inputs_become_one(self):
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (2, 3))
+        wa = g.ag(a)
+        use = g.call(aten.mul.Tensor, wa, wa)
+        wb = g.ag(b)
+        self.assertExpectedInline(g.text(use, wb), """\
+# combined: 1
+view = view.default(a, [-1])
+view_1 = view.default(b, [-1])
+cat = cat.default([view, view_1])
+all_gather_into_tensor = all_gather_into_tensor.default(cat, 2, '7')
+wait_tensor = wait_tensor.default(all_gather_into_tensor)
+view_2 = view.default(wait_tensor, [2, -1])
+split_with_sizes = split_with_sizes.default(view_2, [4, 6], 1)
+getitem = getitem(split_with_sizes, 0)
+getitem_1 = getitem(split_with_sizes, 1)
+clone = clone.default(getitem)
+_unsafe_view = _unsafe_view.default(clone, [8])
+clone_1 = clone.default(getitem_1)
+_unsafe_view_1 = _unsafe_view.default(clone_1, [4, 3])
+mul_tensor = mul.Tensor(_unsafe_view, _unsafe_view)
+return [mul_tensor, _unsafe_view_1]""")
+
+    def test_three_gathers_combine_while_latency_bound(self):
+        # 3 x 256 B in: the set of all three is 768 B, within the stub's 1024 B bound
+        g = G()
+        xs = [g.x(f"p{i}", (64,)) for i in range(3)]
+        outs = [g.ag(x) for x in xs]
+        text = g.text(*outs)
+        self.assertIn("# combined: 2", text)
+        self.assertEqual(text.count("all_gather_into_tensor.default"), 1)
+
+    def test_not_combined_past_the_latency_bound(self):
+        # legality 4: 2 x 768 B in is past 1024 B; the third (256 B) joins the earliest
+        # set it fits, the first
+        g = G()
+        a, b, c = g.x("a", (192,)), g.x("b", (192,)), g.x("c", (64,))
+        text = g.text(g.ag(a), g.ag(b), g.ag(c))
+        self.assertIn("# combined: 1", text)
+        self.assertIn("all_gather_into_tensor.default(b, 2, '7')", text)
+        self.assertIn("cat.default([view, view_1])\nall_gather", text)
+        self.assertIn("view_1 = view.default(c, [-1])", text)
+
+    def test_unpriced_group_is_not_combined(self):
+        # legality 4: a group the cost model cannot price
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        text = g.text(g.ag(a, "unpriced"), g.ag(b, "unpriced"))
+        self.assertIn("# combined: 0", text)
+
+    def test_different_groups_sizes_and_dtypes_are_not_combined(self):
+        # legality 2
+        g = G()
+        a, b, c, d = g.x("a", (4,)), g.x("b", (4,)), g.x("c", (4,), torch.float64), g.x("d", (4,))
+        text = g.text(g.ag(a, "7"), g.ag(b, "8"), g.ag(c, "7"), g.ag(d, "7", n=4))
+        self.assertIn("# combined: 0", text)
+
+    def test_input_computed_after_the_first_gather_is_not_combined(self):
+        # legality 3: b depends on a's gathered value, so it cannot be gathered with a
+        g = G()
+        a = g.x("a", (4,))
+        wa = g.ag(a)
+        b = g.call(aten.mul.Tensor, wa, 2.0)
+        self.assertExpectedInline(g.text(g.ag(b)), """\
+# combined: 0
+all_gather_into_tensor_default = all_gather_into_tensor.default(a, 2, '7')
+wait_tensor_default = wait_tensor.default(all_gather_into_tensor_default)
+mul_tensor = mul.Tensor(wait_tensor_default, 2.0)
+all_gather_into_tensor_default_1 = all_gather_into_tensor.default(mul_tensor, 2, '7')
+wait_tensor_default_1 = wait_tensor.default(all_gather_into_tensor_default_1)
+return wait_tensor_default_1""")
+
+    def test_late_input_starts_a_new_set(self):
+        # legality 3: c is computed after the first gather: it starts a set of its own,
+        # and d (ready early) joins the first
+        g = G()
+        a, b, d = g.x("a", (4,)), g.x("b", (4,)), g.x("d", (4,))
+        wa = g.ag(a)
+        c = g.call(aten.mul.Tensor, b, 2.0)
+        wc, wd = g.ag(c), g.ag(d)
+        text = g.text(wa, wc, wd)
+        self.assertIn("# combined: 1", text)
+        self.assertIn("all_gather_into_tensor.default(mul_tensor, 2, '7')", text)
+        self.assertIn("view_1 = view.default(d, [-1])", text)
+
+    def test_view_of_an_early_value_moves_up(self):
+        # legality 3: b's input is a view of an input, traced just before its gather
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (2, 2))
+        wa = g.ag(a)
+        vb = g.call(aten.view.default, b, [4])
+        self.assertExpectedInline(g.text(wa, g.ag(vb)), """\
+# combined: 1
+view_default = view.default(b, [4])
+view = view.default(a, [-1])
+view_1 = view.default(view_default, [-1])
+cat = cat.default([view, view_1])
+all_gather_into_tensor = all_gather_into_tensor.default(cat, 2, '7')
+wait_tensor = wait_tensor.default(all_gather_into_tensor)
+view_2 = view.default(wait_tensor, [2, -1])
+split_with_sizes = split_with_sizes.default(view_2, [4, 4], 1)
+getitem = getitem(split_with_sizes, 0)
+getitem_1 = getitem(split_with_sizes, 1)
+clone = clone.default(getitem)
+_unsafe_view = _unsafe_view.default(clone, [8])
+clone_1 = clone.default(getitem_1)
+_unsafe_view_1 = _unsafe_view.default(clone_1, [8])
+return [_unsafe_view, _unsafe_view_1]""")
+
+    def test_long_view_chain_is_not_moved(self):
+        # legality 3: more than MAX_HOISTED views after the first gather
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        wa = g.ag(a)
+        v = b
+        for _ in range(MAX_HOISTED + 1):
+            v = g.call(aten.view.default, v, [4])
+        self.assertIn("# combined: 0", g.text(wa, g.ag(v)))
+
+    def test_gather_with_a_second_user_is_not_combined(self):
+        # legality 1: the collective's value is used by more than its wait
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        ag = g.call(C10D.all_gather_into_tensor.default, a, 2, "7")
+        wa = g.call(C10D.wait_tensor.default, ag)
+        other = g.call(aten.mul.Tensor, ag, 2.0)
+        text = g.text(wa, other, g.ag(b))
+        self.assertIn("# combined: 0", text)
+
+    def test_cast_used_only_by_the_gather_is_not_combined(self):
+        # legality 1: Inductor's bucketing folds such casts; this pass leaves them
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,), torch.float64)
+        cast = g.call(torch.ops.prims.convert_element_type.default, b, torch.float32)
+        text = g.text(g.ag(a), g.ag(cast))
+        self.assertIn("# combined: 0", text)
+
+    def test_values(self):
+        # The rewritten graph computes what the original did, with all_gather simulated:
+        # rank r's block is its input + 100 r.
+        g = G()
+        a, b, c = g.x("a", (3,)), g.x("b", (2, 3)), g.x("c", (1, 2, 2))
+        outs = [g.ag(a, n=4), g.ag(b, n=4), g.ag(c, n=4)]
+        g.graph.output(tuple(outs))
+        before = fx.GraphModule(torch.nn.Module(), _copy(g.graph))
+        self.assertEqual(sum(x.removed for x in combine_all_gathers(g.graph, stub_time)), 2)
+        after = fx.GraphModule(torch.nn.Module(), g.graph)
+        inputs = [torch.arange(3.0), torch.arange(6.0).reshape(2, 3), torch.arange(4.0).reshape(1, 2, 2)]
+        want, got = _SimulatedGather(before).run(*inputs), _SimulatedGather(after).run(*inputs)
+        for w, o in zip(want, got, strict=True):
+            self.assertEqual(w.shape, o.shape)
+            self.assertTrue(torch.equal(w, o))
+
+
+def _copy(graph: fx.Graph) -> fx.Graph:
+    new = fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new
+
+
+class _SimulatedGather(fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        if target is C10D.all_gather_into_tensor.default:
+            x, n, _ = args
+            return torch.cat([x + 100 * r for r in range(n)])
+        if target is C10D.wait_tensor.default:
+            return args[0]
+        return super().call_function(target, args, kwargs)
