@@ -26,10 +26,9 @@ import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-from redist_opt.tools.args import CliError, check_samples, load_profile, parse_size_list
+from redist_opt.tools.args import CliError, check_samples, format_size, load_profile, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, load_warning, loadavg, timed_samples, torch_version, wait
-from redist_opt.tools.units import format_size
 
 __all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH",
            "cmd_bench"]

@@ -28,10 +28,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
-from redist_opt.tools.args import DEFAULT_CALIBRATE_SIZES
+from redist_opt.tools.args import DEFAULT_CALIBRATE_SIZES, format_size, parse_sizes
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Clock, Stat, loadavg, timed_samples, torch_version, wait
-from redist_opt.tools.units import format_size, parse_sizes
 
 __all__ = ["calibrate", "measure_collectives", "summarize", "format_calibration"]
 

@@ -27,13 +27,12 @@ import torch
 import torch.distributed as dist
 
 from redist_opt.ir.cost import KINDS, CostModel
-from redist_opt.tools.args import CliError, check_samples, parse_mesh, parse_size_list
+from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
 from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.tools.calibrate import calibrate, calibration_record, format_calibration
 from redist_opt.tools.calibrate import measure_collectives, summarize, validate_request
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs
 from redist_opt.tools.timing import DeviceChoice, load_warning, select_device
-from redist_opt.tools.units import format_size
 
 __all__ = ["Launch", "launched", "calibrate_launched", "default_mesh", "cmd_calibrate"]
 
