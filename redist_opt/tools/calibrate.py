@@ -30,7 +30,7 @@ from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.args import DEFAULT_CALIBRATE_SIZES, format_size, parse_sizes
 from redist_opt.tools.spawn import run_ranks
-from redist_opt.tools.timing import Clock, Stat, loadavg, timed_samples, torch_version, wait
+from redist_opt.tools.timing import Clock, Stat, loadavg, timed_samples, wait
 
 __all__ = ["calibrate", "measure_collectives", "summarize", "format_calibration"]
 
@@ -171,7 +171,7 @@ def calibration_record(backend: str, device: str, nprocs: int, mesh_sizes, names
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
         },
-        "torch": torch_version(),
+        "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall,
         "measuring_s": measuring,

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 __all__ = [
-    "Stat", "timed_samples", "wait", "loadavg", "load_warning", "torch_version",
+    "Stat", "timed_samples", "wait", "loadavg", "load_warning",
     "Clock", "WallClock", "EventClock", "DeviceChoice", "select_device",
 ]
 
@@ -172,9 +172,6 @@ class Stat:
         stderr = 1.2533 * 1.4826 * mad / math.sqrt(len(samples))
         return cls(med, stderr, samples)
 
-    def to_dict(self) -> dict:
-        return {"median_s": self.median, "stderr_s": self.stderr, "samples_s": list(self.samples)}
-
 
 def loadavg() -> list[float] | None:
     try:
@@ -192,7 +189,3 @@ def load_warning() -> str | None:
             "machine, so times include scheduling delays and are noisier"
         )
     return None
-
-
-def torch_version() -> str:
-    return torch.__version__
