@@ -18,7 +18,7 @@ from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools import timing
 from redist_opt.ir.cost_fit import fit_per_kind, fit_profile
-from redist_opt.tools.calibrate_launch import Launch, default_mesh, launched
+from redist_opt.tools.calibrate import Launch, default_mesh, launched
 from redist_opt.tools.cli import main
 from redist_opt.tools.spawn import free_port
 
