@@ -59,9 +59,9 @@ def run_ours(case: CorpusCase, model) -> dict:
     return out
 
 
-def run_torch_model(case: CorpusCase, model) -> tuple[dict, dict]:
-    """(torch's row, nothing to add to the case's row): torch's shipped plan as modelled."""
+def run_torch_model(case: CorpusCase, model) -> dict:
+    """torch's row: its shipped plan as modelled, or why not run."""
     naive, why = _naive(case)
     if naive is None:
-        return dict(status=why[0], reason=why[1]), {}
-    return _row(torch_merged_plan(naive), model, naive.mesh), {}
+        return dict(status=why[0], reason=why[1])
+    return _row(torch_merged_plan(naive), model, naive.mesh)
