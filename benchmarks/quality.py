@@ -47,8 +47,8 @@ from redist_opt.runtime import torch_dtensor
 from redist_opt.tools import quality
 from redist_opt.tools.args import CliError
 from redist_opt.tools.corpus import CATEGORIES, CorpusCase
-from redist_opt.tools.quality_plans import POLICIES, op_str, run_ours
-from redist_opt.tools.quality_report import format_quality
+from redist_opt.tools.quality import op_str, run_ours
+from redist_opt.tools.quality_report import POLICIES, format_quality
 from redist_opt.tools.spawn import quiet_torch_logs
 
 __all__ = ["SIM_WORLD", "sim_shape", "ensure_fake_pg", "run_torch", "quality_bench", "format_report", "main"]

@@ -20,9 +20,9 @@ more collectives, OR more bytes per rank, OR more modelled time (the same
 over the collectives; the one-off cost of creating a group is left out).
 
 Modules, one job each: :mod:`~redist_opt.tools.corpus` (the corpus),
-:mod:`~redist_opt.tools.quality_plans` (the plans of both sides),
 :mod:`~redist_opt.tools.quality_report` (the rule, the totals and the markdown
-report); this module runs them over the corpus and is the command. The harness
+report); this module makes the plans of both sides, runs them over the corpus and
+is the command. The harness
 builds its result from :func:`case_fields` and :func:`quality_result` and uses the
 command's :func:`quality_request`, :func:`print_progress` and :func:`write_report`.
 """
@@ -36,19 +36,79 @@ from collections.abc import Sequence
 
 import torch
 
+import redist_opt
+from redist_opt.debug.units import format_bytes
 from redist_opt.ir.cost import CostModel
+from redist_opt.ir.placements import RedistributeError
+from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.tools.args import CliError, load_profile, with_devices_per_host
 from redist_opt.tools.corpus import CorpusCase, load_corpus
-from redist_opt.tools.quality_plans import run_ours, run_torch_model
-from redist_opt.tools.quality_report import COMPARISON_RULE, SIDES, cell, find_worse, format_quality, totals
+from redist_opt.tools.quality_report import COMPARISON_RULE, POLICIES, SIDES, cell, find_worse, format_quality, totals
 
 __all__ = [
-    "quality_bench", "case_fields", "quality_result", "quality_request", "print_progress", "write_report",
-    "cmd_quality",
+    "quality_bench", "case_fields", "quality_result", "op_str", "run_ours", "run_torch_model", "quality_request",
+    "print_progress", "write_report", "cmd_quality",
 ]
 
 RESULT_FORMAT = "redist_opt.tools.quality/3"
 MODELLED = "torch_merged_plan: torch 2.13's merge pass replayed on its greedy plan, at the real shape"
+
+
+# -- the plans of both sides: at the case's real shape ------------------------------------
+
+_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "all_to_all": "A2A"}
+
+
+def op_str(kind, group, nbytes, spec) -> str:
+    """``AR(dp+cp) 1.5 MiB``: one collective of either side, as the report lists it."""
+    return f"{_SHORT[kind]}({group.name(spec)}) {format_bytes(nbytes, digits='.4g')}"
+
+
+def _naive(case: CorpusCase):
+    """(naive plan, None) or (None, (status, reason)) when redist_opt does not plan the case."""
+    try:
+        naive = redist_opt.plan(case.spec(), *case.placements(), shape=case.shape, dtype=case.torch_dtype())
+    except RedistributeError as e:
+        return None, ("unsupported", str(e))
+    if naive.fallback:
+        return None, ("fallback", naive.fallback_reason)
+    return naive, None
+
+
+def _row(p, model, spec, **extra) -> dict:
+    cols = p.collectives()
+    return dict(
+        status="ok",
+        collectives=len(cols),
+        bytes=p.bytes_per_rank,
+        time=model.plan_time(p),
+        ops=[op_str(c.kind, c.group, c.bytes_in, spec) for c in cols],
+        **extra,
+    )
+
+
+def run_ours(case: CorpusCase, model) -> dict:
+    """policy -> row (collectives, bytes per rank, modelled time, ops, planning ms) or why not run."""
+    naive, why = _naive(case)
+    if naive is None:
+        return {p: dict(status=why[0], reason=why[1]) for p in POLICIES}
+    out = {}
+    for policy in POLICIES:
+        t0 = time.perf_counter()
+        p = redist_opt.optimize(naive, groups=policy, cost=model)
+        out[policy] = _row(p, model, naive.mesh, plan_ms=(time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def run_torch_model(case: CorpusCase, model) -> dict:
+    """torch's row: its shipped plan as modelled, or why not run."""
+    naive, why = _naive(case)
+    if naive is None:
+        return dict(status=why[0], reason=why[1])
+    return _row(torch_merged_plan(naive), model, naive.mesh)
+
+
+# -- the bench ----------------------------------------------------------------------------
 
 
 def quality_bench(cases: Sequence[CorpusCase], *, cost_model=None, progress=None) -> dict:

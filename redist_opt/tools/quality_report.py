@@ -12,10 +12,11 @@ import math
 from collections import Counter
 
 from redist_opt.debug.units import format_bytes
-from redist_opt.tools.quality_plans import POLICIES
 
-__all__ = ["COMPARISON_RULE", "SIDES", "find_worse", "totals", "verdict", "fmt_us", "cell", "format_quality"]
+__all__ = ["COMPARISON_RULE", "POLICIES", "SIDES", "find_worse", "totals", "verdict", "fmt_us", "cell", "format_quality"]
 
+# Our groups policies, each compared with torch's plan.
+POLICIES = ("existing", "create")
 SIDES = ("torch",) + POLICIES
 
 COMPARISON_RULE = (

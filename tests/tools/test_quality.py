@@ -35,8 +35,7 @@ from redist_opt.ir.cost import CostModel
 from redist_opt.tools import quality
 from redist_opt.tools.cli import main
 from redist_opt.tools.corpus import load_corpus
-from redist_opt.tools.quality_plans import POLICIES
-from redist_opt.tools.quality_report import find_worse, format_quality
+from redist_opt.tools.quality_report import POLICIES, find_worse, format_quality
 
 pytestmark = pytest.mark.xdist_group("quality")  # the result fixture runs the corpus
 
