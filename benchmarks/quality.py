@@ -204,11 +204,11 @@ def torch_side(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
     our simulation-shape plans' checks."""
     sim, scale = sim_shape(case)
     extra = dict(sim_shape=list(sim), scale=scale)
-    world = dist.get_world_size()
-    if case.num_ranks == world:
+    world, ranks = dist.get_world_size(), case.spec().num_ranks
+    if ranks == world:
         extra["note"] = "the mesh is the whole (fake) world: the world group also exists for ours"
-    if case.num_ranks > world:
-        return dict(status="skipped", reason=f"mesh has {case.num_ranks} ranks > process group world {world}"), extra
+    if ranks > world:
+        return dict(status="skipped", reason=f"mesh has {ranks} ranks > process group world {world}"), extra
     row, checks = run_torch(case, model, verify)
     if checks:
         extra["verify"] = checks

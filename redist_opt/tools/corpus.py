@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections import Counter
 from importlib import resources
@@ -42,10 +41,6 @@ class CorpusCase:
     dst: str
     shape: tuple[int, ...]
     dtype: str
-
-    @property
-    def num_ranks(self) -> int:
-        return math.prod(self.spec().sizes)
 
     def spec(self) -> MeshSpec:
         """The rank-free MeshSpec, built as ``redist-opt explain`` builds it."""

@@ -88,7 +88,7 @@ def test_case_schema(case):
         sharding = math.prod(s for s, a, b in zip(spec.sizes, src, dst)
                              if any(p.is_shard() and p.dim == d for p in (a, b)))
         assert (n % sharding == 0) == (m % sharding == 0)
-    assert case.num_ranks <= 64
+    assert case.spec().num_ranks <= 64
 
 
 def test_load_corpus_rejects_bad_cases(tmp_path):
@@ -145,7 +145,7 @@ def test_sample_differential(case_id):
         redist_opt.plan(case.spec(), src, dst, shape=case.shape)
     except redist_opt.RedistributeError as e:  # mixed P(avg)/P(sum): being added on another branch
         pytest.xfail(f"redist_opt refuses {case.id} today: {e}")
-    assert case.num_ranks <= meshes.WORLD_SIZE
+    assert case.spec().num_ranks <= meshes.WORLD_SIZE
     sim, _ = sim_shape(case)
     # inputs.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
     # a 1-element vector (the same collectives).
