@@ -45,7 +45,7 @@ from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
-from redist_opt.tools.timing import Clock, DeviceChoice, Stat, load_warning, loadavg, select_device, timed_samples, wait
+from redist_opt.tools.timing import Clock, DeviceChoice, Stat, loadavg, note_load, select_device, timed_samples, wait
 
 __all__ = [
     "calibrate", "calibrate_launched", "measure_collectives", "summarize", "format_calibration",
@@ -376,9 +376,7 @@ def cmd_calibrate(args) -> int:
         f"{len(KINDS)} collectives, {args.iters} samples each ...",
         flush=True,
     )
-    warning = load_warning()
-    if warning:
-        print(warning, flush=True)
+    note_load()
     try:
         model, record = calibrate(
             nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 __all__ = [
-    "Stat", "timed_samples", "wait", "loadavg", "load_warning",
+    "Stat", "timed_samples", "wait", "loadavg", "note_load",
     "Clock", "WallClock", "EventClock", "DeviceChoice", "select_device",
 ]
 
@@ -180,12 +180,13 @@ def loadavg() -> list[float] | None:
         return None
 
 
-def load_warning() -> str | None:
+def note_load(end: str = "\n") -> None:
+    """Print a note when other processes load the machine (the times will be noisier)."""
     load = loadavg()
     cpus = os.cpu_count() or 1
     if load and load[0] > 0.5 * cpus:
-        return (
+        print(
             f"note: load average {load[0]:.1f} on {cpus} cpus: other processes share the "
-            "machine, so times include scheduling delays and are noisier"
-        )
-    return None
+            "machine, so times include scheduling delays and are noisier",
+            end=end, flush=True,
+        )  # fmt: skip
