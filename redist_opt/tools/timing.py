@@ -64,17 +64,16 @@ class EventClock(Clock):
     the host returns from a collective before the device finishes it, so the host
     clock would time the launch only. ``stop`` synchronizes on the end event."""
 
-    def __init__(self, device: torch.device, event_factory=None) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
-        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
 
     def start(self):
-        begin = self._event()
+        begin = torch.cuda.Event(enable_timing=True)
         begin.record()
         return begin
 
     def stop(self, token) -> float:
-        end = self._event()
+        end = torch.cuda.Event(enable_timing=True)
         end.record()
         end.synchronize()
         return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
@@ -89,19 +88,13 @@ class DeviceChoice:
     clock: Clock
 
 
-def select_device(local_rank: int = 0, *, accelerator_available=None, event_factory=None) -> DeviceChoice:
+def select_device(local_rank: int = 0) -> DeviceChoice:
     """NCCL on the local rank's CUDA device with event timing where CUDA is present,
-    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``).
-
-    ``accelerator_available`` overrides the probe (tests select the CUDA branch on a
-    CPU-only machine without touching a device).
-    """
-    if accelerator_available is None:
-        acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        accelerator_available = acc is not None and acc.type == "cuda"
-    if accelerator_available:
+    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``)."""
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if acc is not None and acc.type == "cuda":
         device = torch.device("cuda", local_rank)
-        return DeviceChoice("nccl", device, EventClock(device, event_factory))
+        return DeviceChoice("nccl", device, EventClock(device))
     return DeviceChoice("gloo", torch.device("cpu"), WallClock())
 
 
