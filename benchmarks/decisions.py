@@ -98,7 +98,7 @@ def _scaled(shape: Sequence[int], target: int, itemsize: int = 4) -> tuple[int, 
 def decision_cases(corpus: str | None = None, targets: Sequence[int] = DEFAULT_TARGETS) -> list[DecisionCase]:
     """The corpus's 8-rank cases and the extra ones, each at every target size (scalars once)."""
     raw = [(c.id, c.mesh, tuple(c.flatten), c.src, c.dst, tuple(c.shape))
-           for c in load_corpus(corpus) if c.num_ranks == RANKS]  # fmt: skip
+           for c in load_corpus(corpus) if c.spec().num_ranks == RANKS]  # fmt: skip
     raw += [(f"{m}:{s}->{d}" + (f"[{'+'.join(f)}]" if f else ""), m, f, s, d, sh) for m, f, s, d, sh in EXTRA_CASES]
     out, seen = [], set()
     for cid, mesh, flatten, src, dst, shape in raw:

@@ -6,9 +6,11 @@ shipped plan as ``torch_merged_plan`` models it. This harness runs
 ``LocalTensorMode`` on the ``fake`` backend, over a DeviceMesh that has the case's
 flattened groups, at the case's simulation shape; a ``CommDebugMode`` subclass
 records every collective (kind, process group -> mesh dims, bytes each rank feeds
-in). The report is the same; its totals equal the shipped command's when the model
-is exact. With verification (the default), our plans of the simulation shape run
-the same way and must issue exactly the collectives and bytes they claim.
+in). The report is the shipped command's (:mod:`redist_opt.tools.quality_report`);
+its totals equal the shipped command's when the model is exact. With verification
+(the default), our plans of the simulation shape run the same way and must issue
+exactly the collectives and bytes they claim; the report then ends with a
+verification section.
 
 Scaling. LocalTensorMode keeps every rank's tensors in this process, so torch
 runs on a *simulation shape*: each tensor dim that no mesh dim shards (in src or
@@ -23,10 +25,10 @@ shape are the recorded bytes times that factor.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import math
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
@@ -38,15 +40,18 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
 
 import redist_opt
+from redist_opt.ir.cost import CostModel
 from redist_opt.ir.layout import rank_lists
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor
 from redist_opt.tools import quality
-from redist_opt.tools.corpus import CorpusCase
-from redist_opt.tools.quality_plans import POLICIES, op_str
+from redist_opt.tools.args import CliError
+from redist_opt.tools.corpus import CATEGORIES, CorpusCase
+from redist_opt.tools.quality import op_str, run_ours
+from redist_opt.tools.quality_report import POLICIES, format_quality
 from redist_opt.tools.spawn import quiet_torch_logs
 
-__all__ = ["SIM_WORLD", "sim_shape", "ensure_fake_pg", "run_torch", "quality_bench", "main"]
+__all__ = ["SIM_WORLD", "sim_shape", "ensure_fake_pg", "run_torch", "quality_bench", "format_report", "main"]
 
 # Simulated process-group world: larger than any corpus mesh, so no case's mesh is
 # the default (world) group and the groups that exist are exactly the case's
@@ -195,15 +200,15 @@ def _group_of(name, table):
 
 
 def torch_side(case: CorpusCase, model, verify: bool) -> tuple[dict, dict]:
-    """:data:`redist_opt.tools.quality.TorchSide` run: torch's row, and the case row's
-    simulation shape, scale and (if ``verify``) our simulation-shape plans' checks."""
+    """torch's row, run; and the case row's simulation shape, scale and (if ``verify``)
+    our simulation-shape plans' checks."""
     sim, scale = sim_shape(case)
     extra = dict(sim_shape=list(sim), scale=scale)
-    world = dist.get_world_size()
-    if case.num_ranks == world:
+    world, ranks = dist.get_world_size(), case.spec().num_ranks
+    if ranks == world:
         extra["note"] = "the mesh is the whole (fake) world: the world group also exists for ours"
-    if case.num_ranks > world:
-        return dict(status="skipped", reason=f"mesh has {case.num_ranks} ranks > process group world {world}"), extra
+    if ranks > world:
+        return dict(status="skipped", reason=f"mesh has {ranks} ranks > process group world {world}"), extra
     row, checks = run_torch(case, model, verify)
     if checks:
         extra["verify"] = checks
@@ -283,17 +288,49 @@ def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh) -> dict:
 RUN = "DTensor.redistribute run under LocalTensorMode on the fake backend at the simulation shape, recorded"
 
 
-def _torch_run(verify: bool) -> dict:
-    """:func:`redist_opt.tools.quality.quality_bench`'s options for torch's side run
-    (the fake world set up first)."""
+def quality_bench(cases: Sequence[CorpusCase], *, cost_model=None, verify: bool = True, progress=None) -> dict:
+    """:func:`redist_opt.tools.quality.quality_bench` with torch's side run (see the module
+    doc); with ``verify``, the result's ``verify_failures`` lists our plans that did not
+    issue what they claim."""
     ensure_fake_pg()
-    return dict(torch_side=functools.partial(torch_side, verify=verify), torch_side_name=RUN)
-
-
-def quality_bench(cases, *, cost_model=None, verify: bool = True, progress=None) -> dict:
-    """:func:`redist_opt.tools.quality.quality_bench` with torch's side run (see the module doc)."""
+    model = cost_model or CostModel.default()
+    t_start = time.perf_counter()
+    rows = []
     with quiet_torch_logs():
-        return quality.quality_bench(cases, cost_model=cost_model, progress=progress, **_torch_run(verify))
+        for case in cases:
+            t0 = time.perf_counter()
+            row = quality.case_fields(case) | run_ours(case, model)
+            row["torch"], extra = torch_side(case, model, verify)
+            row.update(extra)
+            row["seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+    result = quality.quality_result(rows, model, RUN, time.perf_counter() - t_start)
+    result["verify_failures"] = [
+        dict(id=r["id"], policy=p, **c) for r in rows for p, c in r.get("verify", {}).items() if not c["ok"]
+    ]
+    return result
+
+
+def _verification_section(result: dict) -> list[str]:
+    n_verified = sum(len(r.get("verify", {})) for r in result["cases"])
+    if not n_verified:
+        return []
+    failures = result["verify_failures"]
+    lines = ["", "## Verification", ""]
+    lines.append(
+        f"{n_verified - len(failures)} of {n_verified} of our plans of the simulation shapes, executed on "
+        "the simulated meshes, issued exactly the collectives (kind and ranks, in order) and bytes they claim."
+    )
+    for v in failures:
+        lines.append(f"- {v['id']} groups={v['policy']}: executed {v['executed']}, planned {v['planned']}")
+    return lines
+
+
+def format_report(result: dict) -> str:
+    """The shipped command's markdown report, then the verification section (if verified)."""
+    return format_quality(result) + "".join(line + "\n" for line in _verification_section(result))
 
 
 def main(argv=None) -> int:
@@ -301,7 +338,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)")
     parser.add_argument("--corpus-case", action="append", metavar="ID", help="only this case (repeatable)")
-    parser.add_argument("--category", action="append", metavar="NAME", choices=quality.CATEGORIES,
+    parser.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
                         help="only this category (repeatable)")
     parser.add_argument("--profile", metavar="PROFILE",
                         help="cost profile: nccl (default), gloo, gloo-ring or a JSON file from `redist-opt calibrate`")
@@ -310,8 +347,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
     parser.add_argument("--report", metavar="FILE", help="write the markdown report here (default stdout)")
     args = parser.parse_args(argv)
-    with quiet_torch_logs():
-        return quality.cmd_quality(args, **_torch_run(verify=not args.no_verify))
+    try:
+        cases, model = quality.quality_request(args)
+    except CliError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    result = quality_bench(cases, cost_model=model, verify=not args.no_verify, progress=quality.print_progress)
+    quality.write_report(args, result, format_report(result))
+    return 1 if result["worse"] or result["verify_failures"] else 0
 
 
 if __name__ == "__main__":

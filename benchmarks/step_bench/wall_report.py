@@ -96,12 +96,10 @@ def format_markdown(results: list) -> str:
 
 def cmd_wall(args, configs: list) -> int:
     from redist_opt.tools.spawn import SpawnError
-    from redist_opt.tools.timing import load_warning
+    from redist_opt.tools.timing import note_load
 
     compilers = tuple(args.wall_compiler) if args.wall_compiler else COMPILERS
-    warning = load_warning()
-    if warning:
-        print(warning + "\n", flush=True)
+    note_load(end="\n\n")
     try:
         results = run_wall_bench(
             configs, compilers, rounds=args.rounds, warmup=args.warmup, timeout=args.timeout,

@@ -2,7 +2,7 @@
 
 ``explain``, the quality report and the command line's size lists all print bytes
 through :func:`format_bytes`; they differ only in the digits shown and in whether
-a size must read back exactly (``redist_opt.tools.units.parse_size``).
+a size must read back exactly (``redist_opt.tools.args.parse_size``).
 """
 
 from __future__ import annotations

@@ -1,27 +1,34 @@
 """Command-line values shared by ``redist-opt`` and the quality bench: meshes, shapes,
-dtypes, cost profiles and size lists, each checked with an error naming its flag.
+dtypes, cost profiles and byte sizes, each checked with an error naming its flag.
 
-Every bad value raises :class:`CliError` (one line, the command exits 2).
+Every bad value raises :class:`CliError` (one line, the command exits 2). Byte sizes
+are written as people write them (``64KiB``, ``1KiB..4MiB*4``); printing goes through
+the one byte formatter, :func:`redist_opt.debug.units.format_bytes`, and
+:func:`format_size` is its exact spelling, which :func:`parse_size` reads back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import re
 
 import torch
 
-from redist_opt.ir.cost import BUILTIN_PROFILES, CostModel, resolve
+from redist_opt.debug.units import format_bytes
+from redist_opt.ir import cost
+from redist_opt.ir.cost import CostModel, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.tools.units import parse_sizes
 
 __all__ = [
     "CliError",
     "parse_mesh",
     "parse_shape",
     "parse_dtype",
+    "parse_size",
+    "parse_sizes",
     "parse_size_list",
+    "format_size",
     "mesh_spec",
     "load_profile",
     "cost_model",
@@ -79,8 +86,62 @@ def parse_dtype(text: str) -> torch.dtype:
     return dt
 
 
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1000, "kib": 1024,
+    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """``"64KiB"`` -> 65536; ``"1M"`` -> 1048576; ``"4096"`` -> 4096 (bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"size {text!r} is not a byte count like 4096, 64KiB or 4MiB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value != int(value) or value <= 0:
+        raise ValueError(f"size {text!r} must be a positive whole number of bytes")
+    return int(value)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1KiB,64KiB"`` (a list) or ``"1KiB..4MiB"`` (doubling) or ``"1KiB..4MiB*4"`` (x4 steps)."""
+    out: list[int] = []
+    for part in (p for p in text.split(",") if p.strip()):
+        if ".." in part:
+            lo_text, hi_text = part.split("..", 1)
+            factor = 2
+            if "*" in hi_text:
+                hi_text, f_text = hi_text.split("*", 1)
+                try:
+                    factor = int(f_text)
+                except ValueError:
+                    raise ValueError(f"size range {part!r}: step factor {f_text!r} is not an integer") from None
+                if factor < 2:
+                    raise ValueError(f"size range {part!r}: step factor must be >= 2")
+            lo, hi = parse_size(lo_text), parse_size(hi_text)
+            if lo > hi:
+                raise ValueError(f"size range {part!r} is empty ({lo} > {hi} bytes)")
+            s = lo
+            while s <= hi:
+                out.append(s)
+                s *= factor
+        else:
+            out.append(parse_size(part))
+    if not out:
+        raise ValueError(f"no sizes in {text!r}")
+    return sorted(set(out))
+
+
+def format_size(n: int) -> str:
+    """``65536`` -> ``"64KiB"``, ``1000`` -> ``"1000B"``: a whole number of the largest unit that divides ``n``."""
+    return format_bytes(n, sep="", exact=True)
+
+
 def parse_size_list(text: str) -> list[int]:
-    """``--sizes``: a list or range of byte sizes (see :func:`redist_opt.tools.units.parse_sizes`)."""
+    """``--sizes``: a list or range of byte sizes (see :func:`parse_sizes`)."""
     try:
         return parse_sizes(text)
     except ValueError as e:
@@ -90,13 +151,11 @@ def parse_size_list(text: str) -> list[int]:
 def mesh_spec(text: str, flatten: list[str]) -> MeshSpec:
     """``--mesh`` and ``--flatten`` -> a rank-free MeshSpec with those flattened groups."""
     sizes, names = parse_mesh(text)
-    for name, size in zip(names, sizes):
+    for name in names:
         if not name:
             raise CliError(f"--mesh: {text!r} has a dim without a name (give name=size)")
         if not name.isidentifier():
             raise CliError(f"--mesh: dim name {name!r} must be an identifier such as dp or tp")
-        if size < 1:
-            raise CliError(f"--mesh: dim {name!r} has size {size}; sizes must be >= 1")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise CliError(f"--mesh: dim name {dup[0]!r} is given twice")
@@ -119,9 +178,7 @@ def mesh_spec(text: str, flatten: list[str]) -> MeshSpec:
 def load_profile(flag: str, profile: str) -> CostModel:
     """A built-in cost profile by name, or one written by ``redist-opt calibrate``."""
     try:
-        if profile in BUILTIN_PROFILES and not os.path.exists(profile):
-            return CostModel.profile(profile)
-        return CostModel.load(profile)
+        return cost.load_profile(profile)
     except OSError as e:
         raise CliError(f"{flag}: cannot read {profile!r}: {e.strerror or e}") from None
     except ValueError as e:

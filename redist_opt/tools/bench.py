@@ -26,10 +26,9 @@ import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-from redist_opt.tools.args import CliError, check_samples, load_profile, parse_size_list
+from redist_opt.tools.args import CliError, check_samples, format_size, load_profile, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
-from redist_opt.tools.timing import Stat, load_warning, loadavg, timed_samples, torch_version, wait
-from redist_opt.tools.units import format_size
+from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
 
 __all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH",
            "cmd_bench"]
@@ -352,10 +351,8 @@ def cmd_bench(args) -> int:
     cases = [_parse_case(c) for c in args.case] if args.case else list(WALL_CASES)
     check_samples(args.iters, args.warmup)
     cost = load_profile("--profile", args.profile) if args.profile else None
-    result: dict = {"torch": torch_version(), "cost_profile_path": args.profile, "load_average": loadavg()}
-    warning = load_warning()
-    if warning:
-        print(warning + "\n", flush=True)
+    result: dict = {"torch": torch.__version__, "cost_profile_path": args.profile, "load_average": loadavg()}
+    note_load(end="\n\n")
     exit_code = 0
     if args.part in ("all", "planning"):
         res = planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)

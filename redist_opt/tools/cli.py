@@ -272,10 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser(
         "calibrate",
         help="measure collectives and fit a cost profile (JSON): on local gloo processes, or under torchrun "
-        "on the job's backend and devices; --check: the profile's decision accuracy",
+        "on the job's backend and devices",
     )
     _add_calibrate_arguments(cal)
-    cal.set_defaults(func=_command("redist_opt.tools.calibrate_launch:cmd_calibrate"))
+    cal.set_defaults(func=_command("redist_opt.tools.calibrate:cmd_calibrate"))
 
     be = sub.add_parser(
         "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections import Counter
 from importlib import resources
@@ -27,7 +26,6 @@ __all__ = ["CATEGORIES", "CorpusCase", "DEFAULT_CORPUS", "load_corpus"]
 DEFAULT_CORPUS = resources.files(__package__).joinpath("corpus.json")
 
 CATEGORIES = ("fsdp", "hsdp", "tp", "cp", "4d", "ep", "grad_norm", "loss", "jagged", "uneven")
-_FIELDS = ("id", "category", "source", "why", "mesh", "flatten", "src", "dst", "shape", "dtype")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +40,6 @@ class CorpusCase:
     dst: str
     shape: tuple[int, ...]
     dtype: str
-
-    @property
-    def num_ranks(self) -> int:
-        return math.prod(self.spec().sizes)
 
     def spec(self) -> MeshSpec:
         """The rank-free MeshSpec, built as ``redist-opt explain`` builds it."""
@@ -82,6 +76,9 @@ class CorpusCase:
         return tuple(out)
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(CorpusCase))
+
+
 def _case_from_dict(raw: dict, where: str) -> CorpusCase:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: a case must be a JSON object")
@@ -101,10 +98,7 @@ def _case_from_dict(raw: dict, where: str) -> CorpusCase:
     shape = raw["shape"]
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
         raise ValueError(f"{where} ({raw['id']}): shape must be a list of positive integers")
-    case = CorpusCase(
-        id=raw["id"], category=raw["category"], source=raw["source"], why=raw["why"], mesh=raw["mesh"],
-        flatten=tuple(raw["flatten"]), src=raw["src"], dst=raw["dst"], shape=tuple(shape), dtype=raw["dtype"],
-    )
+    case = CorpusCase(**raw | dict(flatten=tuple(raw["flatten"]), shape=tuple(shape)))
     spec = case.spec()  # mesh and flattened groups parse
     for g in case.flatten:
         if len(spec.dims_of(g)) < 2:

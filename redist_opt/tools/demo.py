@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 import time
 
@@ -101,7 +102,7 @@ def _median_time(fn, context=None, repeat: int = 7) -> float:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def run_demo(timeout: float = 300.0) -> int:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 __all__ = [
-    "Stat", "timed_samples", "wait", "loadavg", "load_warning", "torch_version",
+    "Stat", "timed_samples", "wait", "loadavg", "note_load",
     "Clock", "WallClock", "EventClock", "DeviceChoice", "select_device",
 ]
 
@@ -64,17 +64,16 @@ class EventClock(Clock):
     the host returns from a collective before the device finishes it, so the host
     clock would time the launch only. ``stop`` synchronizes on the end event."""
 
-    def __init__(self, device: torch.device, event_factory=None) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
-        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
 
     def start(self):
-        begin = self._event()
+        begin = torch.cuda.Event(enable_timing=True)
         begin.record()
         return begin
 
     def stop(self, token) -> float:
-        end = self._event()
+        end = torch.cuda.Event(enable_timing=True)
         end.record()
         end.synchronize()
         return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
@@ -89,19 +88,13 @@ class DeviceChoice:
     clock: Clock
 
 
-def select_device(local_rank: int = 0, *, accelerator_available=None, event_factory=None) -> DeviceChoice:
+def select_device(local_rank: int = 0) -> DeviceChoice:
     """NCCL on the local rank's CUDA device with event timing where CUDA is present,
-    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``).
-
-    ``accelerator_available`` overrides the probe (tests select the CUDA branch on a
-    CPU-only machine without touching a device).
-    """
-    if accelerator_available is None:
-        acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        accelerator_available = acc is not None and acc.type == "cuda"
-    if accelerator_available:
+    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``)."""
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if acc is not None and acc.type == "cuda":
         device = torch.device("cuda", local_rank)
-        return DeviceChoice("nccl", device, EventClock(device, event_factory))
+        return DeviceChoice("nccl", device, EventClock(device))
     return DeviceChoice("gloo", torch.device("cpu"), WallClock())
 
 
@@ -172,9 +165,6 @@ class Stat:
         stderr = 1.2533 * 1.4826 * mad / math.sqrt(len(samples))
         return cls(med, stderr, samples)
 
-    def to_dict(self) -> dict:
-        return {"median_s": self.median, "stderr_s": self.stderr, "samples_s": list(self.samples)}
-
 
 def loadavg() -> list[float] | None:
     try:
@@ -183,16 +173,13 @@ def loadavg() -> list[float] | None:
         return None
 
 
-def load_warning() -> str | None:
+def note_load(end: str = "\n") -> None:
+    """Print a note when other processes load the machine (the times will be noisier)."""
     load = loadavg()
     cpus = os.cpu_count() or 1
     if load and load[0] > 0.5 * cpus:
-        return (
+        print(
             f"note: load average {load[0]:.1f} on {cpus} cpus: other processes share the "
-            "machine, so times include scheduling delays and are noisier"
-        )
-    return None
-
-
-def torch_version() -> str:
-    return torch.__version__
+            "machine, so times include scheduling delays and are noisier",
+            end=end, flush=True,
+        )  # fmt: skip

@@ -17,7 +17,7 @@ import redist_opt
 from redist_opt.tools.bench import bench_shape
 from redist_opt.ir.cost_fit import fit_alpha_beta
 from redist_opt.tools.timing import Stat
-from redist_opt.tools.units import format_size, parse_size, parse_sizes
+from redist_opt.tools.args import format_size, parse_size, parse_sizes
 from redist_opt.ir.cost import KINDS, PROFILE_FORMAT, CostModel, steps_and_bytes
 
 KiB, MiB = 1024, 1024**2

@@ -18,7 +18,7 @@ from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools import timing
 from redist_opt.ir.cost_fit import fit_per_kind, fit_profile
-from redist_opt.tools.calibrate_launch import Launch, default_mesh, launched
+from redist_opt.tools.calibrate import Launch, default_mesh, launched
 from redist_opt.tools.cli import main
 from redist_opt.tools.spawn import free_port
 
@@ -59,12 +59,6 @@ def test_bad_launch_env_is_named(env, message):
 # -- backend, device and clock --------------------------------------------------------------------
 
 
-def test_cpu_selects_gloo_and_the_wall_clock():
-    choice = timing.select_device(0, accelerator_available=False)
-    assert (choice.backend, choice.device) == ("gloo", torch.device("cpu"))
-    assert isinstance(choice.clock, timing.WallClock) and choice.clock.device == torch.device("cpu")
-
-
 class _FakeEvent:
     """Stands in for torch.cuda.Event: records a fake device time, counts synchronizes."""
 
@@ -81,8 +75,28 @@ class _FakeEvent:
         return (end.t - self.t) * 1e3  # milliseconds, like CUDA events
 
 
-def test_cuda_selects_nccl_on_the_local_device_with_event_timing():
-    choice = timing.select_device(3, accelerator_available=True, event_factory=_FakeEvent)
+def _accelerator(monkeypatch, kind: str | None) -> None:
+    """torch.accelerator reports an accelerator of type ``kind`` (None: none), and CUDA
+    events are :class:`_FakeEvent`: the CUDA branch runs on a CPU-only machine without
+    touching a device."""
+    class Accelerator:
+        type = kind
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: kind is not None)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: Accelerator())
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: _FakeEvent())
+
+
+def test_cpu_selects_gloo_and_the_wall_clock(monkeypatch):
+    _accelerator(monkeypatch, None)
+    choice = timing.select_device(0)
+    assert (choice.backend, choice.device) == ("gloo", torch.device("cpu"))
+    assert isinstance(choice.clock, timing.WallClock) and choice.clock.device == torch.device("cpu")
+
+
+def test_cuda_selects_nccl_on_the_local_device_with_event_timing(monkeypatch):
+    _accelerator(monkeypatch, "cuda")
+    choice = timing.select_device(3)
     assert (choice.backend, choice.device) == ("nccl", torch.device("cuda", 3))
     assert isinstance(choice.clock, timing.EventClock) and choice.clock.device == torch.device("cuda", 3)
     token = choice.clock.start()
@@ -93,19 +107,11 @@ def test_cuda_selects_nccl_on_the_local_device_with_event_timing():
 
 
 def test_probe_uses_torch_accelerator(monkeypatch):
-    class Cuda:
-        type = "cuda"
-
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: Cuda())
-    assert timing.select_device(1, event_factory=_FakeEvent).backend == "nccl"
-
-    class Other:
-        type = "mps"
-
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: Other())
+    _accelerator(monkeypatch, "cuda")
+    assert timing.select_device(1).backend == "nccl"
+    _accelerator(monkeypatch, "mps")
     assert timing.select_device(1).backend == "gloo"  # not CUDA: no NCCL
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    _accelerator(monkeypatch, None)
     assert timing.select_device(0).backend == "gloo"
 
 

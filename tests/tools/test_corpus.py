@@ -20,19 +20,19 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
 from benchmarks.quality import sim_shape
-from redist_opt.tools import quality
+from redist_opt.tools.corpus import CATEGORIES, DEFAULT_CORPUS, load_corpus
 from redist_opt.ir.mesh import MeshSpec
 
-CASES = quality.load_corpus()
+CASES = load_corpus()
 BY_ID = {c.id: c for c in CASES}
 
 
 def test_corpus_size_and_categories():
     assert len(CASES) >= 40
-    assert {c.category for c in CASES} == set(quality.CATEGORIES)
-    with quality.DEFAULT_CORPUS.open(encoding="utf-8") as f:
+    assert {c.category for c in CASES} == set(CATEGORIES)
+    with DEFAULT_CORPUS.open(encoding="utf-8") as f:
         described = json.load(f)["categories"]
-    assert set(described) == set(quality.CATEGORIES)
+    assert set(described) == set(CATEGORIES)
 
 
 def test_required_layouts_present():
@@ -88,11 +88,11 @@ def test_case_schema(case):
         sharding = math.prod(s for s, a, b in zip(spec.sizes, src, dst)
                              if any(p.is_shard() and p.dim == d for p in (a, b)))
         assert (n % sharding == 0) == (m % sharding == 0)
-    assert case.num_ranks <= 64
+    assert case.spec().num_ranks <= 64
 
 
 def test_load_corpus_rejects_bad_cases(tmp_path):
-    good = json.loads(quality.DEFAULT_CORPUS.read_text(encoding="utf-8"))["cases"][0]
+    good = json.loads(DEFAULT_CORPUS.read_text(encoding="utf-8"))["cases"][0]
     for bad, match in [
         (dict(good, category="nope"), "category"),
         (dict(good, mesh="dp=2,dp=2"), "twice"),
@@ -105,11 +105,11 @@ def test_load_corpus_rejects_bad_cases(tmp_path):
         p = tmp_path / "c.json"
         p.write_text(json.dumps({"cases": [bad]}))
         with pytest.raises(ValueError, match=match):
-            quality.load_corpus(p)
+            load_corpus(p)
     p = tmp_path / "dup.json"
     p.write_text(json.dumps({"cases": [good, good]}))
     with pytest.raises(ValueError, match="duplicate"):
-        quality.load_corpus(p)
+        load_corpus(p)
 
 
 # -- differential sample ---------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_sample_differential(case_id):
         redist_opt.plan(case.spec(), src, dst, shape=case.shape)
     except redist_opt.RedistributeError as e:  # mixed P(avg)/P(sum): being added on another branch
         pytest.xfail(f"redist_opt refuses {case.id} today: {e}")
-    assert case.num_ranks <= meshes.WORLD_SIZE
+    assert case.spec().num_ranks <= meshes.WORLD_SIZE
     sim, _ = sim_shape(case)
     # inputs.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
     # a 1-element vector (the same collectives).

@@ -34,11 +34,13 @@ from benchmarks import quality as harness_run
 from redist_opt.ir.cost import CostModel
 from redist_opt.tools import quality
 from redist_opt.tools.cli import main
+from redist_opt.tools.corpus import load_corpus
+from redist_opt.tools.quality_report import POLICIES, find_worse, format_quality
 
 pytestmark = pytest.mark.xdist_group("quality")  # the result fixture runs the corpus
 
 
-BY_ID = {c.id: c for c in quality.load_corpus()}
+BY_ID = {c.id: c for c in load_corpus()}
 SMALL = ["hsdp_grad", "gradnorm_3d", "ep_dispatch_borrow_cp"]
 
 
@@ -49,14 +51,14 @@ def result():
 
 def _sides(row: dict) -> dict:
     keys = ("status", "collectives", "bytes", "time", "ops")
-    return {side: {k: row[side].get(k) for k in keys} for side in ("torch",) + quality.POLICIES}
+    return {side: {k: row[side].get(k) for k in keys} for side in ("torch",) + POLICIES}
 
 
 @pytest.mark.slow  # starts a process
 def test_modelled_torch_equals_the_run_on_the_whole_corpus(tmp_path):
     """The shipped command models torch's plan (torch_merged_plan); run, torch issues the same.
     The harness runs in a process of its own: its fake world must be larger than any mesh."""
-    cases = quality.load_corpus()
+    cases = load_corpus()
     modelled = quality.quality_bench(cases)
     out = tmp_path / "run.json"
     subprocess.run([sys.executable, "-m", "benchmarks.quality", "--no-verify", "--json", str(out),
@@ -115,7 +117,7 @@ def test_our_numbers_are_the_plans(result, case_id):
     case = BY_ID[case_id]
     row = next(r for r in result["cases"] if r["id"] == case_id)
     naive = redist_opt.plan(case.spec(), case.src, case.dst, shape=case.shape, dtype=case.torch_dtype())
-    for policy in quality.POLICIES:
+    for policy in POLICIES:
         p = redist_opt.optimize(naive, groups=policy)
         assert row[policy]["collectives"] == p.num_collectives
         assert row[policy]["bytes"] == p.bytes_per_rank
@@ -144,23 +146,23 @@ def test_worse_cases_are_listed(result):
     row = next(r for r in fake["cases"] if r["id"] == "gradnorm_3d")
     row["existing"]["collectives"] = row["torch"]["collectives"] + 1
     row["create"]["bytes"] = row["torch"]["bytes"] * 2
-    worse = quality.find_worse(fake)
+    fake["worse"] = worse = find_worse(fake["cases"])
     assert {(w["id"], w["policy"]) for w in worse} == {("gradnorm_3d", "existing"), ("gradnorm_3d", "create")}
     assert any("collectives" in r for w in worse for r in w["reasons"])
     assert any("bytes/rank" in r for w in worse for r in w["reasons"])
-    text = quality.format_quality(fake)
+    text = format_quality(fake)
     assert "WORSE" in text
     assert "- gradnorm_3d (groups=existing): collectives" in text
     assert "- gradnorm_3d (groups=create): bytes/rank" in text
     # and a real result without worse cases says so
-    assert "None: on every case" in quality.format_quality(result)
+    assert "None: on every case" in format_quality(result)
 
 
 def test_time_only_worse_is_listed(result):
     fake = copy.deepcopy(result)
     row = next(r for r in fake["cases"] if r["id"] == "hsdp_grad")
     row["existing"]["time"] = row["torch"]["time"] * 1.01
-    assert [w["policy"] for w in quality.find_worse(fake)] == ["existing"]
+    assert [w["policy"] for w in find_worse(fake["cases"])] == ["existing"]
 
 
 def test_torch_log_levels_are_restored():
@@ -185,13 +187,13 @@ def test_unsupported_case_is_listed_not_raised():
     res = harness_run.quality_bench([case], verify=True)
     row = res["cases"][0]
     assert row["torch"]["status"] == "ok" and row["torch"]["collectives"] == 2
-    for policy in quality.POLICIES:
+    for policy in POLICIES:
         if row[policy]["status"] == "ok":  # mixed avg/sum partials landed
             continue
         assert row[policy]["status"] == "unsupported"
         assert any(u["id"] == case.id and u["side"] == policy for u in res["unsupported"])
-        assert f"{case.id} (ours groups={policy}): unsupported" in quality.format_quality(res)
-    assert res["totals"]["compared"] == (1 if all(row[p]["status"] == "ok" for p in quality.POLICIES) else 0)
+        assert f"{case.id} (ours groups={policy}): unsupported" in format_quality(res)
+    assert res["totals"]["compared"] == (1 if all(row[p]["status"] == "ok" for p in POLICIES) else 0)
 
 
 def test_bench_part_quality(tmp_path, capsys):
@@ -201,6 +203,7 @@ def test_bench_part_quality(tmp_path, capsys):
                  "--report", str(out), "--json", str(js)]) == 0
     text = out.read_text()
     assert "| gradnorm_3d | grad_norm |" in text and "## Totals" in text and "cost model 'gloo'" in text
+    assert "## Verification" not in text  # the harness's section: the command verifies nothing
     assert js.read_text().lstrip().startswith("{")
     assert main(["bench", "--part", "quality", "--corpus-case", "nope"]) == 2
     assert "unknown case id" in capsys.readouterr().err
@@ -233,6 +236,6 @@ def test_verify_failures_are_reported(result):
     ]
     row = next(r for r in fake["cases"] if r["id"] == "hsdp_grad")
     row["verify"]["existing"]["ok"] = False
-    text = quality.format_quality(fake)
+    text = harness_run.format_report(fake)
     assert "- hsdp_grad groups=existing: executed {'bytes': 1}, planned {'bytes': 2}" in text
     assert f"{len(SMALL) * 2 - 1} of {len(SMALL) * 2} of our plans" in text
