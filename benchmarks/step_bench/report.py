@@ -152,7 +152,7 @@ def _graph_pass_cell(gp: list) -> str:
     folded = sum(g.get("reassociated", 0) for g in gp)
     combined = sum(g.get("combined", 0) for g in gp)
     return (f"graphs {len(gp)}, chains {chains}, rewritten {rewritten}, not raised {refused}, "
-            f"all_reduces removed by reassociation {folded}, all_gathers removed by combining {combined}")
+            f"all_reduces removed by reassociation {folded}, collectives removed by combining {combined}")
 
 
 def _phase_cell(phase: dict | None) -> str:

@@ -14,9 +14,12 @@ from benchmarks.step_bench.wall import COMPILERS, PROFILE_STEPS, run_wall
 # Where communication is a real share of the step: 4 ranks (2 per core). TP's share falls as
 # the hidden size grows (its collectives carry activations, ~dim, its matmuls cost ~dim^2);
 # FSDP's gathers carry parameters (~dim^2), so its share hardly moves (docs/step_wall.md).
+# SimpleFSDP + TP at two widths: at 256 most of its collectives are latency-bound (the
+# combining pass runs them together), at 1024 most are not.
 WALL_CONFIGS = (
     StepConfig("tp_classic", 1, 1, 4, dim=512),
     StepConfig("fsdp2_tp", 1, 2, 2, dim=1024),
+    StepConfig("simplefsdp_tp", 1, 2, 2, dim=256),
     StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024),
 )
 

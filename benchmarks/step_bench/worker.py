@@ -173,7 +173,7 @@ def _capture_graph_pass(results: list):
                 "before": r.collectives_before,
                 "after": r.collectives_after,
                 "reassociated": r.all_reduces_reassociated,
-                "combined": r.all_gathers_combined,
+                "combined": r.collectives_combined,
                 "not_raised": sorted({str(n) for n in r.not_raised}),
             }
         )

@@ -1,14 +1,17 @@
-"""All-gather combining in compiled graphs (XLA's AllGatherCombiner).
+"""Collective combining in compiled graphs (XLA's AllGatherCombiner, ReduceScatterCombiner
+and AllReduceCombiner).
 
 A block compiled under SimpleFSDP gathers each parameter with its own all_gather
-over the same group: the norm weights' gathers move a few KiB each and cost a
-collective's fixed latency, which on gloo is milliseconds. Gathering the
-concatenation once and splitting it after is the same values, with one collective
-where there were several.
+over the same group, and reduce-scatters each gradient with its own
+reduce_scatter: small ones (norm weights, narrow layers) move a few KiB each and
+cost a collective's fixed latency, which on gloo is milliseconds. One collective
+of the concatenation, split after, is the same values with one collective where
+there were several.
 
-Rewrite, for a set of combinable gathers ``ag_0 .. ag_k`` (in graph order)::
+Rewrite, for a set of combinable collectives ``c_0 .. c_k`` (in graph order) of
+one kind over one group::
 
-    before                                         after
+    before                                         after (all_gather)
     ag_0 = all_gather_into_tensor(x_0, n, G)       flat = cat([x_0.view(-1), .., x_k.view(-1)])
     w_0 = wait_tensor(ag_0)                        ag = all_gather_into_tensor(flat, n, G)
     ... (w_0 used)                                 w = wait_tensor(ag)
@@ -16,37 +19,60 @@ Rewrite, for a set of combinable gathers ``ag_0 .. ag_k`` (in graph order)::
     w_1 = wait_tensor(ag_1)                            split by numel, each viewed as before
     ...                                            ... (w_0 used) ... (w_1 used)
 
-The new gather is issued where ``ag_0`` was; its wait and the split sit where the
-earliest of the members' waits was. The graph stays functional (a plain
-``all_gather_into_tensor``, no ``out=``) and rank-independent (no rank is read),
-so it holds under ``compile_on_one_rank`` too; the insertion and the trace of the
-new nodes are torch's (``torch._inductor.fx_passes.bucketing.process_collective_bucket``,
-what Inductor's own bucketing passes use).
+A reduce_scatter set reduce-scatters the concatenation of each input's ``n``
+blocks (block ``r`` of every input goes to rank ``r``), an all_reduce set the
+concatenation itself; each member's value is its slice of the result.
 
-Legality (a gather that fails one stays as it was):
+Where the new collective goes:
 
-1. a member is ``_c10d_functional.all_gather_into_tensor(x, n, G)`` whose only
-   user is its ``wait_tensor``, ``G`` a group name (a string), ``x`` not a dtype
-   cast used only by the gather (Inductor's bucketing folds those casts itself);
-2. members have the same ``G``, ``n`` and dtype;
-3. every member's input is defined before the first member, or is a view (a chain
-   of at most ``MAX_HOISTED`` views or clones) of values that are, and those nodes
-   move up to just before the first member: so the combined gather issues no
-   member later than it was, and no member can depend on another member's result
-   (fx graphs are in topological order; views and clones are pure);
-4. the combined gather stays latency-bound under the cost model of its mesh: its
-   modelled time is at most twice the time of the same gather of 0 bytes. Bigger
-   gathers gain little from one launch fewer and pay the copies in and out (and
-   are waited for earlier); a group that is no set of a known mesh's dims is not
-   priced and not combined.
+* **all_gather** (its inputs are parameters, ready early): issued where the
+  first member was; no member is issued later than before.
+* **reduce_scatter, all_reduce** (their inputs are gradients, computed one by
+  one): issued where the last member was; no member's result is needed before
+  that (legality 3), so no user waits longer, but the earlier members' transfer
+  no longer overlaps the compute between them and the last.
+
+The wait and the split sit where the earliest of the members' waits was (gathers)
+or where the first member's value is first used (reductions). The
+graph stays functional and rank-independent (no rank is read), so it holds under
+``compile_on_one_rank`` too; the insertion and the trace of the new nodes are
+torch's (``torch._inductor.fx_passes.bucketing``: ``process_collective_bucket``,
+and its functional reduce_scatter and all_reduce merge functions, what Inductor's
+own bucketing passes use).
+
+Legality (a collective that fails one stays as it was):
+
+1. a member is a ``_c10d_functional`` ``all_gather_into_tensor(x, n, G)``,
+   ``reduce_scatter_tensor(x, op, n, G)`` or ``all_reduce(x, op, G)`` whose only
+   user is its ``wait_tensor``, ``G`` a group name (a string), ``x`` a tensor of
+   at least one dim and not a dtype cast used only by a gather (Inductor's
+   bucketing folds those casts itself);
+2. members have the same kind, ``G``, ``n``, reduce op and dtype;
+3. all_gather: every member's input is defined before the first member, or is a
+   view (a chain of at most ``MAX_HOISTED`` views or clones) of values that are,
+   and those nodes move up to just before the first member; reduce_scatter and
+   all_reduce: every member's value is first used after the last member (its wait
+   may sit earlier: waits sink to the first use, which changes no value). Either
+   way no member can depend on another member's result (fx graphs are in
+   topological order; views and clones are pure);
+4. the combined collective stays latency-bound under the cost model of its mesh:
+   its modelled time is at most twice the time of the same collective of 0 bytes.
+   Bigger sets gain little from one launch fewer and pay the copies in and out
+   (and, for gathers, an earlier wait; for reductions, less overlap); a group that
+   is no set of a known mesh's dims is not priced and not combined.
+
+Values: gathers are exact; a combined reduction adds the same terms per element,
+possibly in another order inside the backend's algorithm (a ring chunks the
+larger buffer differently), so values are equal within rounding, as with merged
+reductions; every rank still gets the same reduced value.
 
 The decision reads only graph structure, shapes, dtypes, group names and the
-cost model (agreed across ranks), so every rank combines the same gathers and
-issues the same collectives in the same order on every group.
+cost model (agreed across ranks), so every rank combines the same collectives
+and issues the same collectives in the same order on every group.
 
-Not done: reduce_scatters and all_reduces (their inputs are gradients that come
-one by one; combining them would delay the first); gathers whose input is
-computed after the first member; casts before a gather.
+Not done: gathers whose input is computed after the first member; reductions
+whose result is used before the last member; casts before a gather;
+all_to_all.
 """
 
 from __future__ import annotations
@@ -58,15 +84,17 @@ import torch
 import torch.fx as fx
 
 from redist_opt.graph.chain import C10D, WAIT
-from redist_opt.ir.cost import CostModel
 
-__all__ = ["Combination", "combine_all_gathers"]
+__all__ = ["Combination", "combine_collectives"]
 
-ALL_GATHER = C10D.all_gather_into_tensor.default
-# Legality 4: the combined gather's modelled time over the time of 0 bytes.
-LATENCY_BOUND = 2.0
-# Legality 3: pure ops an input may be computed by after the first member (moved up).
 aten = torch.ops.aten
+ALL_GATHER = C10D.all_gather_into_tensor.default
+REDUCE_SCATTER = C10D.reduce_scatter_tensor.default
+ALL_REDUCE = C10D.all_reduce.default
+KIND = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter", ALL_REDUCE: "all_reduce"}
+# Legality 4: the combined collective's modelled time over the time of 0 bytes.
+LATENCY_BOUND = 2.0
+# Legality 3: pure ops a gather's input may be computed by after the first member (moved up).
 HOISTABLE = frozenset({
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.slice.Tensor, aten.select.int,
     aten.permute.default, aten.t.default, aten.expand.default, aten.squeeze.dim, aten.unsqueeze.default,
@@ -77,28 +105,29 @@ MAX_HOISTED = 4
 
 @dataclasses.dataclass(frozen=True)
 class Combination:
-    """Gathers over one group combined into one."""
+    """Collectives of one kind over one group combined into one."""
 
-    nodes: tuple[str, ...]  # the combined all_gathers, in graph order
+    kind: str
+    nodes: tuple[str, ...]  # the combined collectives, in graph order
     group: str
-    nbytes: int  # bytes each rank feeds into the combined gather
+    nbytes: int  # bytes each rank feeds into the combined collective
 
     @property
     def removed(self) -> int:
         return len(self.nodes) - 1
 
     def __str__(self) -> str:
-        return (f"combined {len(self.nodes)} all_gathers over group {self.group!r} into one "
+        return (f"combined {len(self.nodes)} {self.kind}s over group {self.group!r} into one "
                 f"({self.nbytes} B in per rank): {', '.join(self.nodes)}")
 
 
-# (group name, group size, bytes each rank feeds in) -> the cost model's time of one
-# all_gather over that group, or None when the group cannot be priced.
-GatherTime = Callable[[str, int, int], "float | None"]
+# (kind, group name, bytes each rank feeds in) -> the cost model's time of one such
+# collective over that group, or None when the group cannot be priced.
+CollectiveTime = Callable[[str, str, int], "float | None"]
 
 
-def combine_all_gathers(graph: fx.Graph, gather_time: GatherTime) -> list[Combination]:
-    """Combine the combinable all_gathers of ``graph`` in place (see the module
+def combine_collectives(graph: fx.Graph, collective_time: CollectiveTime) -> list[Combination]:
+    """Combine the combinable collectives of ``graph`` in place (see the module
     docstring); return what was combined. The caller lints and recompiles."""
     position = {n: i for i, n in enumerate(graph.nodes)}
     sets: dict[tuple, list[list[fx.Node]]] = {}  # per key, in graph order of their first member
@@ -106,9 +135,11 @@ def combine_all_gathers(graph: fx.Graph, gather_time: GatherTime) -> list[Combin
         key = _member_key(node)
         if key is None:
             continue
-        # the earliest set it may join: its gather is issued as early as it can be
+        # a gather joins the earliest set it may (issued as early as it can be); a
+        # reduction the latest (the fewest members wait for it)
         same = sets.setdefault(key, [])
-        target = next((m for m in same if _joins(node, m, position, gather_time)), None)
+        order = same if node.target is ALL_GATHER else reversed(same)
+        target = next((m for m in order if _joins(node, m, position, collective_time)), None)
         if target is None:
             same.append([node])
         else:
@@ -118,19 +149,24 @@ def combine_all_gathers(graph: fx.Graph, gather_time: GatherTime) -> list[Combin
 
 
 def _member_key(node: fx.Node):
-    """(group, group size, dtype) of a gather that may be combined (legalities 1-2), else None."""
-    if node.op != "call_function" or node.target is not ALL_GATHER:
+    """(kind, op, group size, group, dtype) of a collective that may be combined
+    (legalities 1-2), else None."""
+    if node.op != "call_function" or node.target not in KIND or node.kwargs:
         return None
-    x, n, group = node.args[:3]
+    if len(node.args) != (4 if node.target is REDUCE_SCATTER else 3):
+        return None
+    x, group = node.args[0], node.args[-1]
+    n = None if node.target is ALL_REDUCE else node.args[-2]
+    op = None if node.target is ALL_GATHER else node.args[1]
     users = list(node.users)
-    if not (isinstance(group, str) and isinstance(n, int) and isinstance(x, fx.Node)):
+    if not (isinstance(group, str) and isinstance(x, fx.Node) and (n is None or isinstance(n, int))):
         return None
-    if len(users) != 1 or users[0].target is not WAIT or _is_cast_for(x, node):
+    if len(users) != 1 or users[0].target is not WAIT or (node.target is ALL_GATHER and _is_cast_for(x, node)):
         return None
     val = x.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.ndim == 0 or not isinstance(node.meta.get("val"), torch.Tensor):
         return None
-    return group, n, val.dtype
+    return node.target, op, n, group, val.dtype
 
 
 def _is_cast_for(x: fx.Node, gather: fx.Node) -> bool:
@@ -144,23 +180,35 @@ def _in_bytes(node: fx.Node) -> int:
     return v.numel() * v.element_size()
 
 
-def _joins(node: fx.Node, members: list[fx.Node], position: dict, gather_time: GatherTime) -> bool:
-    """Whether ``node`` may join ``members`` (legalities 3-4); when it may, the views
-    computing its input are moved up before the first member."""
-    first = members[0]
-    hoist = _to_hoist(node.args[0], position[first], position)
-    if hoist is None:  # legality 3
-        return False
-    group, n = node.args[2], node.args[1]
+def _joins(node: fx.Node, members: list[fx.Node], position: dict, collective_time: CollectiveTime) -> bool:
+    """Whether ``node`` may join ``members`` (legalities 3-4); when a gather may, the
+    views computing its input are moved up before the first member."""
+    if node.target is ALL_GATHER:
+        hoist = _to_hoist(node.args[0], position[members[0]], position)
+        if hoist is None:  # legality 3
+            return False
+    else:
+        hoist = set()
+        if any(position[_first_use(m, position)] < position[node] for m in members):  # legality 3
+            return False
+    kind, group = KIND[node.target], node.args[-1]
     total = sum(_in_bytes(m) for m in members) + _in_bytes(node)
-    t, t0 = gather_time(group, n, total), gather_time(group, n, 0)
+    t, t0 = collective_time(kind, group, total), collective_time(kind, group, 0)
     if t is None or t0 is None or t > LATENCY_BOUND * t0:  # legality 4
         return False
+    first = members[0]
     for v in sorted(hoist, key=position.__getitem__):
         first.prepend(v)
     if hoist:
         position.update({v: i for i, v in enumerate(first.graph.nodes)})
     return True
+
+
+def _first_use(collective: fx.Node, position: dict) -> fx.Node:
+    """The first node that uses the value of ``collective``'s wait (the graph's output
+    node at the latest)."""
+    wait = next(iter(collective.users))
+    return min(wait.users, key=position.__getitem__) if wait.users else wait
 
 
 def _to_hoist(x: fx.Node, limit: int, position: dict) -> set[fx.Node] | None:
@@ -179,24 +227,33 @@ def _to_hoist(x: fx.Node, limit: int, position: dict) -> set[fx.Node] | None:
 
 
 def _combine(graph: fx.Graph, members: list[fx.Node]) -> Combination:
-    from torch._inductor.fx_passes.bucketing import process_collective_bucket
+    from torch._inductor.fx_passes import bucketing
 
-    first = members[0]
-    _, n, group = first.args[:3]
-    waits = [next(iter(m.users)) for m in members]
-    earliest_wait = min(waits, key=_order(graph))
-    nbytes = sum(_in_bytes(m) for m in members)
-    names = tuple(m.name for m in members)
-    process_collective_bucket(
-        graph, members, _gather_concatenated, lambda ins: ([i.meta["val"] for i in ins], group, n),
-        insert_before=first, wait_insertion_point=earliest_wait,
-    )
-    return Combination(names, group, nbytes)
-
-
-def _order(graph: fx.Graph):
+    first, group = members[0], members[0].args[-1]
     order = {node: i for i, node in enumerate(graph.nodes)}
-    return order.__getitem__
+    if first.target is ALL_GATHER:  # where the first member's value was waited for
+        wait_at = min((next(iter(m.users)) for m in members), key=order.__getitem__)
+    else:  # where the first member's value is used: the waits sink past the last member
+        wait_at = min((_first_use(m, order) for m in members), key=order.__getitem__)
+    combination = Combination(KIND[first.target], tuple(m.name for m in members), group,
+                              sum(_in_bytes(m) for m in members))
+    if first.target is ALL_GATHER:
+        n = first.args[1]
+        merge, args, before = _gather_concatenated, (lambda vals: (vals, group, n)), first
+    else:
+        op = first.args[1]
+        dtype, device = first.meta["val"].dtype, first.meta["val"].device
+        if first.target is REDUCE_SCATTER:
+            n = first.args[2]
+            merge, args = bucketing.reduce_scatter_merge_fn_to_trace, (lambda vals: (vals, group, n, op, dtype, device))
+        else:
+            merge, args = bucketing.all_reduce_merge_fn_to_trace, (lambda vals: (vals, group, op, dtype, device))
+        before = members[-1].next
+    bucketing.process_collective_bucket(
+        graph, members, merge, lambda ins: args([i.meta["val"] for i in ins]),
+        insert_before=before, wait_insertion_point=wait_at,
+    )
+    return combination
 
 
 def _gather_concatenated(ins: list[torch.Tensor], group: str, n: int) -> list[torch.Tensor]:

@@ -8,9 +8,9 @@ Entry points:
   compiler);
   Then all-reduce reassociation (:mod:`redist_opt.graph.reassociate`):
   ``add(all_reduce(a, G), all_reduce(b, G))`` -> ``all_reduce(add(a, b), G)``;
-  counted in ``GraphPassResult.reassociated``; then all-gather combining
-  (:mod:`redist_opt.graph.combine`): small gathers of values ready early, over one
-  group, become one gather of their concatenation; in ``GraphPassResult.combined``;
+  counted in ``GraphPassResult.reassociated``; then collective combining
+  (:mod:`redist_opt.graph.combine`): small collectives of one kind over one group
+  become one collective of their concatenation; in ``GraphPassResult.combined``;
 * :class:`RedistGraphPass`: the same as an Inductor ``CustomGraphPass`` for
   ``torch._inductor.config.post_grad_custom_post_pass``, with a stable ``uuid``
   (hash of this pass's source files and options) so FX graph caching stays correct.
@@ -69,7 +69,7 @@ from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
-from redist_opt.graph.combine import Combination, combine_all_gathers
+from redist_opt.graph.combine import Combination, combine_collectives
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
 from redist_opt.graph.mesh_groups import mesh_contexts, resolve_group_name
 from redist_opt.graph.raise_chains import find_chains
@@ -115,7 +115,7 @@ class GraphPassResult:
     not_raised: list[NotRaised]
     # adds/subs of all_reduced values rewritten by the reassociation pass (after the chains)
     reassociated: list[Reassociation] = dataclasses.field(default_factory=list)
-    # all_gathers combined by the combining pass (last)
+    # collectives combined by the combining pass (last)
     combined: list[Combination] = dataclasses.field(default_factory=list)
 
     @property
@@ -124,8 +124,8 @@ class GraphPassResult:
         return sum(r.removed for r in self.reassociated)
 
     @property
-    def all_gathers_combined(self) -> int:
-        """All_gathers the combining pass removed."""
+    def collectives_combined(self) -> int:
+        """Collectives the combining pass removed."""
         return sum(c.removed for c in self.combined)
 
     def _counted(self) -> list[ChainResult]:
@@ -194,7 +194,7 @@ def optimize_graph(
     """Raise, optimize and lower back every collective chain of ``gm``, in place; then
     (``reassociate=True``) fold adds of all_reduced values into one all_reduce of the
     sum (:mod:`redist_opt.graph.reassociate`); (``combine=True``) combine small
-    all_gathers of early values over one group (:mod:`redist_opt.graph.combine`).
+    collectives of one kind over one group (:mod:`redist_opt.graph.combine`).
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
     against; None finds every live root mesh this rank belongs to, and a group name
@@ -263,7 +263,7 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
                     erased.add(n)
             modified = True
     reassociated = reassociate_all_reduces(graph) if reassociate else []
-    combined = combine_all_gathers(graph, _gather_time(contexts, cost)) if combine and contexts else []
+    combined = combine_collectives(graph, _collective_time(contexts, cost)) if combine and contexts else []
     modified = modified or bool(reassociated) or bool(combined)
     if modified:
         graph.lint()
@@ -276,20 +276,20 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
     return result
 
 
-def _gather_time(contexts, cost: CostModel | None):
-    """The combining pass's price of an all_gather over a named group: the cost model
+def _collective_time(contexts, cost: CostModel | None):
+    """The combining pass's price of a collective over a named group: the cost model
     chains on that group's mesh are planned with (``cost``, else the mesh's profile)."""
     names: dict = {}
 
-    def gather_time(group: str, n: int, nbytes: int) -> float | None:
+    def collective_time(kind: str, group: str, nbytes: int) -> float | None:
         found = resolve_group_name(group, contexts, names)
         if isinstance(found, str):
             return None
         ctx, dims = found
         model = cost if cost is not None else resolve_cost(ctx.spec)[0]
-        return model.collective_time("all_gather", ctx.spec.group(dims), nbytes, ctx.spec)
+        return model.collective_time(kind, ctx.spec.group(dims), nbytes, ctx.spec)
 
-    return gather_time
+    return collective_time
 
 
 def _agree(graph, chains: list[Chain], agreement: SliceAgreement):

@@ -1,12 +1,12 @@
-"""All-gather combining (``redist_opt.graph.combine``): graph text in, graph text out.
+"""Collective combining (``redist_opt.graph.combine``): graph text in, graph text out.
 
-Small fx graphs are built by hand from funcol ``all_gather_into_tensor`` +
-``wait_tensor`` nodes whose values are fake tensors (as in a compiled graph);
-group names are plain strings, priced by a stub: every gather costs 1 unit plus
-1 unit per ``BYTES_PER_UNIT`` bytes fed in, so a combined gather stays
-latency-bound (legality 4) up to ``BYTES_PER_UNIT`` bytes. Each legality
-condition has a twin the pass leaves as it was; ``test_values`` runs the
-rewritten graph against the original on a fake process group.
+Small fx graphs are built by hand from funcol collectives + ``wait_tensor`` nodes
+whose values are fake tensors (as in a compiled graph); group names are plain
+strings, priced by a stub: every collective costs 1 unit plus 1 unit per
+``BYTES_PER_UNIT`` bytes fed in, so a combined one stays latency-bound
+(legality 4) up to ``BYTES_PER_UNIT`` bytes. Each legality condition has a twin
+the pass leaves as it was; the ``test_values_*`` tests run the rewritten graph
+against the original with the collectives simulated.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import torch.fx as fx
 from expecttest import TestCase
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from redist_opt.graph.combine import MAX_HOISTED, combine_all_gathers
+from redist_opt.graph.combine import MAX_HOISTED, combine_collectives
 
 aten = torch.ops.aten
 C10D = torch.ops._c10d_functional
 BYTES_PER_UNIT = 1024
 
 
-def stub_time(group, n, nbytes):
+def stub_time(kind, group, nbytes):
     return None if group == "unpriced" else 1.0 + nbytes / BYTES_PER_UNIT
 
 
@@ -49,10 +49,16 @@ class G:
     def ag(self, x, group="7", n=2):
         return self.call(C10D.wait_tensor.default, self.call(C10D.all_gather_into_tensor.default, x, n, group))
 
+    def ar(self, x, op="sum", group="7"):
+        return self.wait(self.call(C10D.all_reduce.default, x, op, group))
+
+    def wait(self, c):
+        return self.call(C10D.wait_tensor.default, c)
+
     def text(self, *outs) -> str:
         self.graph.output(outs[0] if len(outs) == 1 else tuple(outs))
         self.graph.lint()
-        done = combine_all_gathers(self.graph, stub_time)
+        done = combine_collectives(self.graph, stub_time)
         self.graph.lint()
         lines = [f"# combined: {sum(c.removed for c in done)}"]
         for n in self.graph.nodes:
@@ -222,10 +228,112 @@ return [_unsafe_view, _unsafe_view_1]""")
         outs = [g.ag(a, n=4), g.ag(b, n=4), g.ag(c, n=4)]
         g.graph.output(tuple(outs))
         before = fx.GraphModule(torch.nn.Module(), _copy(g.graph))
-        self.assertEqual(sum(x.removed for x in combine_all_gathers(g.graph, stub_time)), 2)
+        self.assertEqual(sum(x.removed for x in combine_collectives(g.graph, stub_time)), 2)
         after = fx.GraphModule(torch.nn.Module(), g.graph)
         inputs = [torch.arange(3.0), torch.arange(6.0).reshape(2, 3), torch.arange(4.0).reshape(1, 2, 2)]
-        want, got = _SimulatedGather(before).run(*inputs), _SimulatedGather(after).run(*inputs)
+        want, got = _Simulated(before).run(*inputs), _Simulated(after).run(*inputs)
+        for w, o in zip(want, got, strict=True):
+            self.assertEqual(w.shape, o.shape)
+            self.assertTrue(torch.equal(w, o))
+
+
+class TestCombineReductions(TestCase):
+    def test_reduce_scatters_combine_where_the_last_one_was(self):
+        # two gradients reduce-scattered one by one, both results used at the end
+        g = G()
+        a, b = g.x("a", (4, 2)), g.x("b", (2, 3))
+        c1 = g.call(C10D.reduce_scatter_tensor.default, g.call(aten.mul.Tensor, a, 2.0), "sum", 2, "7")
+        gb = g.call(aten.mul.Tensor, b, 3.0)
+        c2 = g.call(C10D.reduce_scatter_tensor.default, gb, "sum", 2, "7")
+        self.assertExpectedInline(g.text(g.wait(c1), g.wait(c2)), """\
+# combined: 1
+mul_tensor = mul.Tensor(a, 2.0)
+mul_tensor_1 = mul.Tensor(b, 3.0)
+view = view.default(mul_tensor, [2, -1])
+view_1 = view.default(mul_tensor_1, [2, -1])
+cat = cat.default([view, view_1], 1)
+view_2 = view.default(cat, [14])
+reduce_scatter_tensor = reduce_scatter_tensor.default(view_2, 'sum', 2, '7')
+wait_tensor = wait_tensor.default(reduce_scatter_tensor)
+split_with_sizes = split_with_sizes.default(wait_tensor, [4, 3])
+getitem = getitem(split_with_sizes, 0)
+getitem_1 = getitem(split_with_sizes, 1)
+view_3 = view.default(getitem, [2, 2])
+view_4 = view.default(getitem_1, [1, 3])
+return [view_3, view_4]""")
+
+    def test_waits_sink_to_the_first_use(self):
+        # the reduced values are waited for at once but used only at the end
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        wa = g.ar(a)
+        gb = g.call(aten.mul.Tensor, b, 3.0)
+        wb = g.ar(gb)
+        self.assertExpectedInline(g.text(g.call(aten.add.Tensor, wa, wb)), """\
+# combined: 1
+mul_tensor = mul.Tensor(b, 3.0)
+view = view.default(a, [-1])
+view_1 = view.default(mul_tensor, [-1])
+cat = cat.default([view, view_1])
+all_reduce = all_reduce.default(cat, 'sum', '7')
+wait_tensor = wait_tensor.default(all_reduce)
+split_with_sizes = split_with_sizes.default(wait_tensor, [4, 4])
+getitem = getitem(split_with_sizes, 0)
+getitem_1 = getitem(split_with_sizes, 1)
+view_2 = view.default(getitem, [4])
+view_3 = view.default(getitem_1, [4])
+add_tensor = add.Tensor(view_2, view_3)
+return add_tensor""")
+
+    def test_reduction_used_before_the_last_is_not_combined(self):
+        # legality 3: a's reduced value is used to compute b
+        g = G()
+        a = g.x("a", (4, 2))
+        wa = g.ar(a)
+        b = g.call(aten.mul.Tensor, wa, 2.0)
+        self.assertIn("# combined: 0", g.text(wa, g.ar(b)))
+
+    def test_all_reduces_combine(self):
+        g = G()
+        a, b, c = g.x("a", (4,)), g.x("b", (2, 2)), g.x("c", (3,))
+        c1 = g.call(C10D.all_reduce.default, a, "sum", "7")
+        c2 = g.call(C10D.all_reduce.default, b, "sum", "7")
+        c3 = g.call(C10D.all_reduce.default, c, "sum", "7")
+        text = g.text(g.wait(c1), g.wait(c2), g.wait(c3))
+        self.assertIn("# combined: 2", text)
+        self.assertEqual(text.count("all_reduce.default"), 1)
+
+    def test_different_reduce_ops_are_not_combined(self):
+        # legality 2
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        c1 = g.call(C10D.all_reduce.default, a, "sum", "7")
+        c2 = g.call(C10D.all_reduce.default, b, "avg", "7")
+        self.assertIn("# combined: 0", g.text(g.wait(c1), g.wait(c2)))
+
+    def test_reductions_past_the_latency_bound_are_not_combined(self):
+        # legality 4: 2 x 768 B in
+        g = G()
+        a, b = g.x("a", (192,)), g.x("b", (192,))
+        c1 = g.call(C10D.all_reduce.default, a, "sum", "7")
+        c2 = g.call(C10D.all_reduce.default, b, "sum", "7")
+        self.assertIn("# combined: 0", g.text(g.wait(c1), g.wait(c2)))
+
+    def test_values_reduce_scatter_and_all_reduce(self):
+        g = G()
+        a, b, c, d = g.x("a", (4, 3)), g.x("b", (8,)), g.x("c", (3,)), g.x("d", (2, 2))
+        # the waits after every collective (legality 3)
+        cs = [g.call(C10D.reduce_scatter_tensor.default, a, "sum", 4, "7"),
+              g.call(C10D.reduce_scatter_tensor.default, b, "sum", 4, "7"),
+              g.call(C10D.all_reduce.default, c, "avg", "8"), g.call(C10D.all_reduce.default, d, "avg", "8")]
+        outs = [g.wait(x) for x in cs]
+        g.graph.output(tuple(outs))
+        before = fx.GraphModule(torch.nn.Module(), _copy(g.graph))
+        self.assertEqual(sum(x.removed for x in combine_collectives(g.graph, stub_time)), 2)
+        after = fx.GraphModule(torch.nn.Module(), g.graph)
+        inputs = [torch.arange(12.0).reshape(4, 3), torch.arange(8.0), torch.arange(3.0),
+                  torch.arange(4.0).reshape(2, 2)]
+        want, got = _Simulated(before).run(*inputs), _Simulated(after).run(*inputs)
         for w, o in zip(want, got, strict=True):
             self.assertEqual(w.shape, o.shape)
             self.assertTrue(torch.equal(w, o))
@@ -238,11 +346,21 @@ def _copy(graph: fx.Graph) -> fx.Graph:
     return new
 
 
-class _SimulatedGather(fx.Interpreter):
+class _Simulated(fx.Interpreter):
+    """Collectives of a group of ``n`` ranks as rank 1 sees them, rank r's input
+    being this input + 100 r."""
+
     def call_function(self, target, args, kwargs):
         if target is C10D.all_gather_into_tensor.default:
             x, n, _ = args
             return torch.cat([x + 100 * r for r in range(n)])
+        if target is C10D.reduce_scatter_tensor.default:
+            x, op, n, _ = args
+            return sum(x + 100 * r for r in range(n)).chunk(n)[1]
+        if target is C10D.all_reduce.default:
+            x, op, _ = args
+            total = sum(x + 100 * r for r in range(4))
+            return total / 4 if op == "avg" else total
         if target is C10D.wait_tensor.default:
             return args[0]
         return super().call_function(target, args, kwargs)
