@@ -84,8 +84,11 @@ import torch
 import torch.fx as fx
 
 from redist_opt.graph.chain import C10D, WAIT
+from redist_opt.graph.mesh_groups import resolve_group_name
+from redist_opt.ir.cost import CostModel
+from redist_opt.ir.cost import resolve as resolve_cost
 
-__all__ = ["Combination", "combine_collectives"]
+__all__ = ["Combination", "collective_time_on", "combine_collectives"]
 
 aten = torch.ops.aten
 ALL_GATHER = C10D.all_gather_into_tensor.default
@@ -124,6 +127,23 @@ class Combination:
 # (kind, group name, bytes each rank feeds in) -> the cost model's time of one such
 # collective over that group, or None when the group cannot be priced.
 CollectiveTime = Callable[[str, str, int], "float | None"]
+
+
+def collective_time_on(contexts, cost: CostModel | None) -> CollectiveTime:
+    """The price of a collective over a named group: the cost model the graph pass plans
+    chains on that group's mesh with (``cost``, else the mesh's profile); None for a
+    group that is no set of dims of one of ``contexts`` (the graph pass's meshes)."""
+    names: dict = {}
+
+    def collective_time(kind: str, group: str, nbytes: int) -> float | None:
+        found = resolve_group_name(group, contexts, names)
+        if isinstance(found, str):
+            return None
+        ctx, dims = found
+        model = cost if cost is not None else resolve_cost(ctx.spec)[0]
+        return model.collective_time(kind, ctx.spec.group(dims), nbytes, ctx.spec)
+
+    return collective_time
 
 
 def combine_collectives(graph: fx.Graph, collective_time: CollectiveTime) -> list[Combination]:
@@ -189,7 +209,7 @@ def _joins(node: fx.Node, members: list[fx.Node], position: dict, collective_tim
             return False
     else:
         hoist = set()
-        if any(position[_first_use(m, position)] < position[node] for m in members):  # legality 3
+        if any(position[_first_use(m, position)] <= position[node] for m in members):  # legality 3
             return False
     kind, group = KIND[node.target], node.args[-1]
     total = sum(_in_bytes(m) for m in members) + _in_bytes(node)

@@ -69,13 +69,12 @@ from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
-from redist_opt.graph.combine import Combination, combine_collectives
+from redist_opt.graph.combine import Combination, collective_time_on, combine_collectives
 from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
-from redist_opt.graph.mesh_groups import mesh_contexts, resolve_group_name
+from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.graph.raise_chains import find_chains
 from redist_opt.graph.reassociate import Reassociation, reassociate_all_reduces
 from redist_opt.ir.cost import CostModel, steps_and_bytes
-from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
@@ -263,7 +262,7 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
                     erased.add(n)
             modified = True
     reassociated = reassociate_all_reduces(graph) if reassociate else []
-    combined = combine_collectives(graph, _collective_time(contexts, cost)) if combine and contexts else []
+    combined = combine_collectives(graph, collective_time_on(contexts, cost)) if combine and contexts else []
     modified = modified or bool(reassociated) or bool(combined)
     if modified:
         graph.lint()
@@ -274,22 +273,6 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
         _write(dump_dir, f"{tag}.after.txt", _graph_text(gm))
         _write(dump_dir, f"{tag}.explain.txt", result.explain() + "\n")
     return result
-
-
-def _collective_time(contexts, cost: CostModel | None):
-    """The combining pass's price of a collective over a named group: the cost model
-    chains on that group's mesh are planned with (``cost``, else the mesh's profile)."""
-    names: dict = {}
-
-    def collective_time(kind: str, group: str, nbytes: int) -> float | None:
-        found = resolve_group_name(group, contexts, names)
-        if isinstance(found, str):
-            return None
-        ctx, dims = found
-        model = cost if cost is not None else resolve_cost(ctx.spec)[0]
-        return model.collective_time(kind, ctx.spec.group(dims), nbytes, ctx.spec)
-
-    return collective_time
 
 
 def _agree(graph, chains: list[Chain], agreement: SliceAgreement):

@@ -293,6 +293,12 @@ return add_tensor""")
         b = g.call(aten.mul.Tensor, wa, 2.0)
         self.assertIn("# combined: 0", g.text(wa, g.ar(b)))
 
+    def test_reduction_of_a_reduced_value_is_not_combined(self):
+        # legality 3: the second all_reduce reads the first one's value
+        g = G()
+        a = g.x("a", (4,))
+        self.assertIn("# combined: 0", g.text(g.ar(g.ar(a))))
+
     def test_all_reduces_combine(self):
         g = G()
         a, b, c = g.x("a", (4,)), g.x("b", (2, 2)), g.x("c", (3,))
