@@ -45,8 +45,8 @@ Legality (a collective that fails one stays as it was):
 1. a member is a ``_c10d_functional`` ``all_gather_into_tensor(x, n, G)``,
    ``reduce_scatter_tensor(x, op, n, G)`` or ``all_reduce(x, op, G)`` whose only
    user is its ``wait_tensor``, ``G`` a group name (a string), ``x`` a tensor of
-   at least one dim and not a dtype cast used only by a gather (Inductor's
-   bucketing folds those casts itself);
+   at least one dim, of static sizes, and not a dtype cast used only by a gather
+   (Inductor's bucketing folds those casts itself);
 2. members have the same kind, ``G``, ``n``, reduce op and dtype;
 3. all_gather: every member's input is defined before the first member, or is a
    view (a chain of at most ``MAX_HOISTED`` views or clones) of values that are,
@@ -185,6 +185,8 @@ def _member_key(node: fx.Node):
         return None
     val = x.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.ndim == 0 or not isinstance(node.meta.get("val"), torch.Tensor):
+        return None
+    if not all(isinstance(d, int) for d in val.shape):  # symbolic (dynamic) sizes: left alone
         return None
     return node.target, op, n, group, val.dtype
 

@@ -202,6 +202,20 @@ return [_unsafe_view, _unsafe_view_1]""")
             v = g.call(aten.view.default, v, [4])
         self.assertIn("# combined: 0", g.text(wa, g.ag(v)))
 
+    def test_symbolic_sizes_are_not_combined(self):
+        # legality 1: a dynamic-shape graph's sizes are symbols
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+        g = G()
+        g.mode = FakeTensorMode(shape_env=ShapeEnv())
+        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+        xs = []
+        for name in "ab":
+            n = g.graph.placeholder(name)
+            n.meta["val"] = g.mode.from_tensor(torch.empty(4), symbolic_context=dynamic)
+            xs.append(n)
+        self.assertIn("# combined: 0", g.text(g.ag(xs[0]), g.ag(xs[1])))
+
     def test_gather_with_a_second_user_is_not_combined(self):
         # legality 1: the collective's value is used by more than its wait
         g = G()
