@@ -59,7 +59,11 @@ Legality (a collective that fails one stays as it was):
    its modelled time is at most twice the time of the same collective of 0 bytes.
    Bigger sets gain little from one launch fewer and pay the copies in and out
    (and, for gathers, an earlier wait; for reductions, less overlap); a group that
-   is no set of a known mesh's dims is not priced and not combined.
+   is no set of a known mesh's dims is not priced and not combined;
+5. no member is an uneven shard's collective: a gather whose result is narrowed, or
+   a reduction whose input is padded. Their graphs differ by rank (the pad or the
+   narrow is on some ranks only), so legality 3 could decide differently on
+   different ranks; the marks checked here are on every rank's graph.
 
 Values: gathers are exact; a combined reduction adds the same terms per element,
 possibly in another order inside the backend's algorithm (a ring chunks the
@@ -67,12 +71,16 @@ larger buffer differently), so values are equal within rounding, as with merged
 reductions; every rank still gets the same reduced value.
 
 The decision reads only graph structure, shapes, dtypes, group names and the
-cost model (agreed across ranks), so every rank combines the same collectives
-and issues the same collectives in the same order on every group.
+cost model, so every rank combines the same collectives and issues the same
+collectives in the same order on every group, as long as the graphs of the ranks
+have the same structure: true of DTensor's graphs for even shards, and legality 5
+keeps uneven ones out. The cost model is the one chain planning resolves for the
+mesh; it is agreed across ranks when DTensor planning reaches the mesh while
+tracing, not for a graph of hand-written collectives only (docs/faults.md).
 
 Not done: gathers whose input is computed after the first member; reductions
-whose result is used before the last member; casts before a gather;
-all_to_all.
+whose result is used before the last member (a view right after a wait counts as
+a use); uneven shards; casts before a gather; all_to_all.
 """
 
 from __future__ import annotations
@@ -104,6 +112,9 @@ HOISTABLE = frozenset({
     aten.alias.default, aten.clone.default,
 })
 MAX_HOISTED = 4
+# Legality 5: how an uneven shard is padded before its collective and narrowed after.
+PADS = frozenset({aten.constant_pad_nd.default, aten.pad.default})
+NARROWS = frozenset({aten.slice.Tensor, aten.narrow.default})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +199,20 @@ def _member_key(node: fx.Node):
         return None
     if not all(isinstance(d, int) for d in val.shape):  # symbolic (dynamic) sizes: left alone
         return None
+    if _uneven(node, x, users[0]):
+        return None
     return node.target, op, n, group, val.dtype
+
+
+def _uneven(collective: fx.Node, x: fx.Node, wait: fx.Node) -> bool:
+    """Legality 5: the marks of an uneven shard that every rank's graph carries. An
+    uneven gather pads its input on some ranks only (so whether that input is ready
+    early differs by rank) and narrows its result on every rank; an uneven scatter pads
+    its input on every rank and narrows its result on some (so where the result is
+    first used differs by rank)."""
+    if collective.target is ALL_GATHER:
+        return any(u.op == "call_function" and u.target in NARROWS for u in wait.users)
+    return x.op == "call_function" and x.target in PADS
 
 
 def _is_cast_for(x: fx.Node, gather: fx.Node) -> bool:

@@ -216,6 +216,14 @@ return [_unsafe_view, _unsafe_view_1]""")
             xs.append(n)
         self.assertIn("# combined: 0", g.text(g.ag(xs[0]), g.ag(xs[1])))
 
+    def test_uneven_gather_is_not_combined(self):
+        # legality 5: an uneven shard's gathered value is narrowed (on every rank)
+        g = G()
+        a, b = g.x("a", (4,)), g.x("b", (4,))
+        wa = g.ag(a)
+        narrowed = g.call(aten.slice.Tensor, wa, 0, 0, 7)
+        self.assertIn("# combined: 0", g.text(narrowed, g.ag(b)))
+
     def test_gather_with_a_second_user_is_not_combined(self):
         # legality 1: the collective's value is used by more than its wait
         g = G()
@@ -312,6 +320,15 @@ return add_tensor""")
         g = G()
         a = g.x("a", (4,))
         self.assertIn("# combined: 0", g.text(g.ar(g.ar(a))))
+
+    def test_uneven_scatter_is_not_combined(self):
+        # legality 5: an uneven shard's scatter input is padded (on every rank)
+        g = G()
+        a, b = g.x("a", (3, 2)), g.x("b", (4, 2))
+        padded = g.call(aten.constant_pad_nd.default, a, [0, 0, 0, 1])
+        c1 = g.call(C10D.reduce_scatter_tensor.default, padded, "sum", 2, "7")
+        c2 = g.call(C10D.reduce_scatter_tensor.default, b, "sum", 2, "7")
+        self.assertIn("# combined: 0", g.text(g.wait(c1), g.wait(c2)))
 
     def test_all_reduces_combine(self):
         g = G()

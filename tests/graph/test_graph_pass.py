@@ -96,6 +96,20 @@ def test_parameter_gathers_are_combined(report):
     assert "combined 2 all_gathers over group" in g["explain"]
 
 
+def test_uneven_parameter_gathers_are_not_combined(report):
+    # their graphs differ by rank (the pad before the gather is on some ranks only)
+    (g,) = report["noflat/gathered_params_uneven"]
+    assert g["before"] == {"all_gather": 2}
+    assert g["after"] == {"all_gather": 2}, g["explain"]
+
+
+def test_gradient_reduce_scatters_are_combined(report):
+    (g,) = report["noflat/scattered_grads"]
+    assert g["before"] == {"reduce_scatter": 2}
+    assert g["after"] == {"reduce_scatter": 1}, g["explain"]
+    assert "combined 2 reduce_scatters over group" in g["explain"]
+
+
 def test_forward_and_backward_graphs(report):
     fw, bw = report["noflat/dtensor_grad"]
     # P,P,P -> R,R,R: the world group exists (the mesh is the world in rank order)

@@ -1,7 +1,8 @@
 """The compiled-graph pass on real gloo processes (``aot_eager`` + the pass).
 
 * The acceptance programs on 8 ranks (a 2x2x2 and a 2x4 mesh): outputs and
-  gradients equal the uncompiled program's, bitwise (integer-valued inputs);
+  gradients equal the uncompiled program's under torch's own redistribute with its
+  merge pass off, bitwise (integer-valued inputs);
   on the 2x2x2 mesh the rank slices' mesh dims are agreed across ranks at
   compile time, so the slice rewrites happen there too.
 * Randomized chains of DTensor redistributions, hand-written funcol
@@ -40,6 +41,9 @@ def test_programs_get_cheaper_on_gloo(programs):
     assert r["noflat/simplefsdp"]["modified"] and r["noflat/simplefsdp"]["after"] == 3
     assert r["noflat/gather_then_own_block"]["after"] == 0
     assert r["noflat/gathered_params"] == {"before": 2, "after": 1, "modified": True}
+    # uneven: rank 0 has no pad before its gathers, rank 1 has; both leave them apart
+    assert r["noflat/gathered_params_uneven"] == {"before": 2, "after": 2, "modified": False}
+    assert r["noflat/scattered_grads"] == {"before": 2, "after": 1, "modified": True}
     # slices on the all-size-2 mesh: resolved by agreement across ranks
     assert r["noflat/gather_then_own_block@m3"]["after"] == 0
     assert r["noflat/replicate_then_shard@m3"]["modified"]

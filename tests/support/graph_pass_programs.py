@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
 
 # Run as a script, this file's folder is on sys.path; the tests folder (for
 # ``support``) must be too.
@@ -60,6 +61,41 @@ def gathered_params(mesh):
         g1 = DTensor.from_local(w1, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
         g2 = DTensor.from_local(w2, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
         return g1.sum(0) * 10 + g2.sum(0)
+
+    return f
+
+
+def gathered_params_uneven(mesh):
+    """gathered_params with 3 and 5 rows over dps (2 ranks): DTensor pads the smaller
+    block before its gather (on dps rank 1 only) and narrows after it (on every rank);
+    the combining pass leaves uneven gathers apart, since its decision would differ by rank."""
+    dps = mesh["dps"]
+    c = dps.get_local_rank()
+
+    def shard(w):  # this rank's block of torch.chunk(w, 2): 2 + 1 rows, 3 + 2 rows
+        rows = -(-w.shape[0] // 2)
+        local = w[c * rows:(c + 1) * rows].contiguous()
+        return DTensor.from_local(local, dps, [Shard(0)], run_check=False, shape=w.shape, stride=w.stride())
+
+    def f(x):
+        w1, w2 = x[:3], x[3:]  # 3 and 5 rows
+        g1 = shard(w1).redistribute(dps, [Replicate()]).to_local()
+        g2 = shard(w2).redistribute(dps, [Replicate()]).to_local()
+        return g1.sum(0) * 10 + g2.sum(0)
+
+    return f
+
+
+def scattered_grads(mesh):
+    """Two gradients reduce-scattered over dps one after the other (hand-written funcol,
+    as SimpleFSDP's backward issues them), both used only at the end: the combining
+    pass makes one reduce_scatter of the two."""
+    dps = mesh["dps"].get_group()
+
+    def f(x):
+        ra = funcol.reduce_scatter_tensor(x[:4] * 2, "sum", 0, dps)
+        rb = funcol.reduce_scatter_tensor(x[4:] * 3, "sum", 0, dps)
+        return torch.cat([ra, rb])
 
     return f
 
@@ -144,6 +180,8 @@ PROGRAMS = {
     "gather_then_own_block": (gather_then_own_block, (4, 4), "m24"),
     "dtensor_grad": (dtensor_grad, (8, 4), "m3"),
     "gathered_params": (gathered_params, (8, 4), "m3"),
+    "gathered_params_uneven": (gathered_params_uneven, (8, 4), "m3"),
+    "scattered_grads": (scattered_grads, (8, 4), "m3"),
 }
 # On the 2x2x2 mesh every dim has size 2: the slice's dims need agreement across ranks.
 AGREEMENT = {
@@ -310,12 +348,13 @@ def gloo_programs(rank: int, world: int, only=None) -> dict:
             mesh = meshes[m]
             fn = make(mesh)
             x = local_input(name, shape, rank, requires_grad=grad)
-            ref = fn(x)
             ref_grad = None
-            if grad:
-                ref.sum().backward()
-                ref_grad = x.grad.clone()
-                x.grad = None
+            with disable_redistribute_transform_optimization():  # torch's plans, its merge pass off
+                ref = fn(x)
+                if grad:
+                    ref.sum().backward()
+                    ref_grad = x.grad.clone()
+                    x.grad = None
             rec = Recorder(meshes=mesh, **options)
             _log(rank, "  eager done")
             got, got_grad = compile_program(fn, x, rec)
