@@ -10,6 +10,7 @@ the one byte formatter, :func:`redist_opt.debug.units.format_bytes`, and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import torch
@@ -32,7 +33,6 @@ __all__ = [
     "mesh_spec",
     "load_profile",
     "cost_model",
-    "with_devices_per_host",
     "check_samples",
     "DEFAULT_BENCH_SIZES",
     "DEFAULT_CALIBRATE_SIZES",
@@ -106,33 +106,26 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+_RANGE = re.compile(r"(?P<lo>.+?)\.\.(?P<hi>[^*]+)(?:\*(?P<factor>.*))?")
+
+
 def parse_sizes(text: str) -> list[int]:
     """``"1KiB,64KiB"`` (a list) or ``"1KiB..4MiB"`` (doubling) or ``"1KiB..4MiB*4"`` (x4 steps)."""
-    out: list[int] = []
+    out: set[int] = set()
     for part in (p for p in text.split(",") if p.strip()):
-        if ".." in part:
-            lo_text, hi_text = part.split("..", 1)
-            factor = 2
-            if "*" in hi_text:
-                hi_text, f_text = hi_text.split("*", 1)
-                try:
-                    factor = int(f_text)
-                except ValueError:
-                    raise ValueError(f"size range {part!r}: step factor {f_text!r} is not an integer") from None
-                if factor < 2:
-                    raise ValueError(f"size range {part!r}: step factor must be >= 2")
-            lo, hi = parse_size(lo_text), parse_size(hi_text)
-            if lo > hi:
-                raise ValueError(f"size range {part!r} is empty ({lo} > {hi} bytes)")
-            s = lo
-            while s <= hi:
-                out.append(s)
-                s *= factor
-        else:
-            out.append(parse_size(part))
+        m = _RANGE.fullmatch(part)
+        if m is None:
+            out.add(parse_size(part))
+            continue
+        lo, hi, factor = parse_size(m["lo"]), parse_size(m["hi"]), (m["factor"] or "2").strip()
+        if not factor.isdigit() or int(factor) < 2:
+            raise ValueError(f"size range {part!r}: step factor {factor!r} must be an integer >= 2")
+        if lo > hi:
+            raise ValueError(f"size range {part!r} is empty ({lo} > {hi} bytes)")
+        out.update(itertools.takewhile(lambda s: s <= hi, (lo * int(factor) ** k for k in itertools.count())))
     if not out:
         raise ValueError(f"no sizes in {text!r}")
-    return sorted(set(out))
+    return sorted(out)
 
 
 def format_size(n: int) -> str:
@@ -185,15 +178,6 @@ def load_profile(flag: str, profile: str) -> CostModel:
         raise CliError(f"{flag}: {e}") from None
 
 
-def with_devices_per_host(model: CostModel, devices_per_host: int | None) -> CostModel:
-    """``--devices-per-host N`` applied to ``model`` (unchanged when not given)."""
-    if devices_per_host is None:
-        return model
-    if devices_per_host < 1:
-        raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
-    return dataclasses.replace(model, devices_per_host=devices_per_host)
-
-
 def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spec=None) -> tuple[CostModel, str]:
     """(model, where it came from): the profile given with ``flag``, else
     ``$REDIST_OPT_COST_PROFILE`` or the backend of ``spec``; then ``--devices-per-host``."""
@@ -205,7 +189,9 @@ def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spe
     else:
         model, source = load_profile(flag, profile), f"{flag} {profile}"
     if devices_per_host is not None:
-        model = with_devices_per_host(model, devices_per_host)
+        if devices_per_host < 1:
+            raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")
+        model = dataclasses.replace(model, devices_per_host=devices_per_host)
         source += f", --devices-per-host {devices_per_host}"
     return model, source
 

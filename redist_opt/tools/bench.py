@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
@@ -30,8 +30,8 @@ from redist_opt.tools.args import CliError, check_samples, format_size, load_pro
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
 
-__all__ = ["planning_bench", "format_planning", "wall_bench", "format_wall", "bench_shape", "WALL_CASES", "WALL_MESH",
-           "cmd_bench"]
+__all__ = ["planning_bench", "format_planning", "exact_input", "run_variants", "VARIANTS", "wall_bench", "format_wall",
+           "bench_shape", "WALL_CASES", "WALL_MESH", "cmd_bench"]
 
 
 # -- bench: planning speed ---------------------------------------------------------------
@@ -46,17 +46,11 @@ PLANNING_CASE = dict(
 )
 
 
-def _planning_spec():
-    c = PLANNING_CASE
-    return redist_opt.MeshSpec(sizes=c["sizes"], names=c["names"], flattened=c["flattened"])
-
-
 def _times(fn, n: int, *, before=None, warm: bool = False) -> list[float]:
     """Seconds per call of ``fn``, ``n`` calls; ``before()`` runs untimed before each call
     (clearing caches), ``warm``: a few untimed calls first (the first calls after a clear allocate)."""
-    if warm:
-        for _ in range(min(n, 200)):
-            fn()
+    for _ in range(min(n, 200) if warm else 0):
+        fn()
     ts = []
     for _ in range(n):
         if before is not None:
@@ -68,20 +62,15 @@ def _times(fn, n: int, *, before=None, warm: bool = False) -> list[float]:
 
 
 def _timing_row(what: str, mode: str, ts: Sequence[float]) -> dict:
-    return {
-        "what": what,
-        "mode": mode,
-        "runs": len(ts),
-        "median_us": statistics.median(ts) * 1e6,
-        "p10_us": _quantile(ts, 0.1) * 1e6,
-        "p90_us": _quantile(ts, 0.9) * 1e6,
-    }
+    deciles = statistics.quantiles(ts, n=10, method="inclusive") if len(ts) > 1 else list(ts) * 9
+    us = dict(median_us=statistics.median(ts) * 1e6, p10_us=deciles[0] * 1e6, p90_us=deciles[-1] * 1e6)
+    return dict(what=what, mode=mode, runs=len(ts), **us)
 
 
 def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel | None = None) -> dict:
     """Microseconds per ``plan`` and ``plan`` + ``optimize`` call, uncached and cached."""
     c = PLANNING_CASE
-    spec = _planning_spec()
+    spec = redist_opt.MeshSpec(sizes=c["sizes"], names=c["names"], flattened=c["flattened"])
 
     def do_plan():
         return redist_opt.plan(spec, c["src"], c["dst"], shape=c["shape"])
@@ -101,37 +90,23 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
     do_both()
     # The eager hot path: what redist_opt.redistribute does per call once planned
     # (Placement objects in, one dictionary lookup for the naive and optimized plans).
-    hot_key = (
-        spec,
-        redist_opt.parse_placements(c["src"]),
-        redist_opt.parse_placements(c["dst"]),
-        tuple(c["shape"]),
-        torch.float32,
-        redist_opt.PlanOptions(cost=cost),
-    )
+    placements = [redist_opt.parse_placements(c[k]) for k in ("src", "dst")]
+    hot_key = (spec, *placements, tuple(c["shape"]), torch.float32, redist_opt.PlanOptions(cost=cost))
     rows += [
         ("plan", "cached", _times(do_plan, cached_runs, warm=True)),
         ("plan+optimize", "cached", _times(do_both, cached_runs, warm=True)),
         ("redistribute hot path", "cached", _times(lambda: plans_for(*hot_key), cached_runs, warm=True)),
     ]
+    case = {k: c[k] for k in ("src", "dst")} | dict(
+        mesh=spec.shape_str, flattened=["+".join(f) for f in c["flattened"]], shape=list(c["shape"]),
+        ranks=spec.num_ranks,
+    )  # fmt: skip
     return {
-        "case": {
-            "mesh": spec.shape_str,
-            "flattened": ["+".join(f) for f in c["flattened"]],
-            "src": c["src"],
-            "dst": c["dst"],
-            "shape": list(c["shape"]),
-            "ranks": spec.num_ranks,
-        },
+        "case": case,
         "cost_profile_used": cost is not None,
         "collectives": do_both().num_collectives,
         "timings": {f"{what} {mode}": _timing_row(what, mode, ts) for what, mode, ts in rows},
     }
-
-
-def _quantile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
 
 
 def format_planning(res: dict) -> str:
@@ -149,6 +124,51 @@ def format_planning(res: dict) -> str:
     return "\n".join(lines)
 
 
+# -- one redistribution three ways on every rank (the wall bench and the demo) -------------
+
+VARIANTS = ("torch", "torch_nomerge", "ours")
+
+
+def exact_input(mesh, src_p, shape, rank: int) -> DTensor:
+    """A DTensor of ``shape`` placed as ``src_p`` (each rank holds a different partial
+    value), of small integers: every summation order gives the same bits, so results
+    compare exactly however the optimizer regrouped the sums."""
+    full = (torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) * 7) % 11
+    dt = distribute_tensor(full, mesh, [Replicate() if p.is_partial() else p for p in src_p], src_data_rank=None)
+    if any(p.is_partial() for p in src_p):
+        dt = DTensor.from_local(
+            dt.to_local() + rank % 3, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride()
+        )  # fmt: skip
+    return dt
+
+
+def run_variants(mesh, src: str, dst: str, shape, rank: int, *, iters: int, warmup: int, cost=None) -> dict:
+    """torch's redistribute as shipped (merge pass on), torch with its merge pass off (the
+    reference) and ``redist_opt.redistribute``, on one input: whether each result equals
+    the reference bit for bit, the collectives each issues, and each one's per-call
+    samples (:func:`~redist_opt.tools.timing.timed_samples`, interleaved)."""
+    src_p, dst_p = redist_opt.parse_placements(src), redist_opt.parse_placements(dst)
+    dt = exact_input(mesh, src_p, shape, rank)
+
+    def f_torch():
+        return wait(dt.redistribute(mesh, dst_p)._local_tensor)
+
+    def f_nomerge():
+        with reference_semantics():
+            return f_torch()
+
+    def f_ours():
+        return wait(redist_opt.redistribute(dt, dst_p, groups="existing", cost=cost)._local_tensor)
+
+    fns = (f_torch, f_nomerge, f_ours)
+    ref, equal, counts = f_nomerge(), {}, {}
+    for name, f in zip(VARIANTS, fns):
+        with CommDebugMode() as mode:
+            out = f()
+        equal[name], counts[name] = bool(out.shape == ref.shape and torch.equal(out, ref)), mode.get_total_counts()
+    return dict(equal=equal, collectives=counts, samples=timed_samples(fns, iters, warmup))
+
+
 # -- bench: wall clock on gloo ------------------------------------------------------------
 
 WALL_MESH = ((2, 2), ("a", "b"))
@@ -159,7 +179,6 @@ WALL_CASES = [
     ("S(0),S(0)", "R,R"),
     ("S(0),S(1)", "S(1),S(0)"),
 ]
-VARIANTS = ("torch", "torch_nomerge", "ours")
 
 
 def bench_shape(nbytes: int, itemsize: int = 4) -> tuple[int, int]:
@@ -177,54 +196,10 @@ def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, c
     # A flattened a+b group, so torch's merge pass (and our groups="existing") can merge.
     mesh[names]._flatten()
     cost = CostModel.from_dict(cost_dict) if cost_dict is not None else None
-
-    def sync(dt):
-        wait(dt._local_tensor)
-        return dt
-
-    rows = []
-    for src, dst in cases:
-        src_p = redist_opt.parse_placements(src)
-        dst_p = redist_opt.parse_placements(dst)
-        for nbytes in sizes:
-            shape = bench_shape(nbytes)
-            torch.manual_seed(0)
-            full = torch.randn(shape)
-            base = [redist_opt.parse_placement("R") if p.is_partial() else p for p in src_p]
-            dt = distribute_tensor(full, mesh, base, src_data_rank=None)
-            if any(p.is_partial() for p in src_p):
-                dt = DTensor.from_local(
-                    dt.to_local() * (rank + 1), mesh, src_p, run_check=False,
-                    shape=full.shape, stride=full.stride(),
-                )  # fmt: skip
-
-            def f_torch(dt=dt, dst_p=dst_p):  # torch as shipped: its merge pass on
-                return sync(dt.redistribute(mesh, dst_p))
-
-            def f_nomerge(dt=dt, dst_p=dst_p):
-                with reference_semantics():
-                    return sync(dt.redistribute(mesh, dst_p))
-
-            def f_ours(dt=dt, dst_p=dst_p):
-                return sync(redist_opt.redistribute(dt, dst_p, groups="existing", cost=cost))
-
-            # Merged reductions sum in another order: compare with a tolerance, and
-            # record whether the results are also bitwise equal.
-            ref = f_nomerge().to_local()
-            outs = [f_ours().to_local(), f_torch().to_local()]
-            equal = all(o.shape == ref.shape and torch.allclose(o, ref, rtol=1e-5, atol=1e-5) for o in outs)
-            bitwise = all(o.shape == ref.shape and torch.equal(o, ref) for o in outs)
-            counts = []
-            for f in (f_torch, f_nomerge, f_ours):
-                with CommDebugMode() as mode:
-                    f()
-                counts.append(mode.get_total_counts())
-            samples = timed_samples([f_torch, f_nomerge, f_ours], iters, warmup)
-            rows.append(
-                dict(case=f"{src} -> {dst}", src=src, dst=dst, nbytes=nbytes, shape=list(shape),
-                     equal=equal, bitwise=bitwise, collectives=counts, samples=samples)
-            )  # fmt: skip
-    return rows
+    return [
+        run_variants(mesh, src, dst, bench_shape(nbytes), rank, iters=iters, warmup=warmup, cost=cost)
+        for src, dst in cases for nbytes in sizes
+    ]  # fmt: skip
 
 
 def wall_bench(
@@ -244,23 +219,17 @@ def wall_bench(
     )
     wall = time.perf_counter() - t0
     rows = []
-    for i, r0 in enumerate(per_rank[0]):
-        stats = {
-            v: Stat.of([r[i]["samples"][k] for r in per_rank]) for k, v in enumerate(VARIANTS)
-        }
+    points = [(src, dst, nbytes) for src, dst in cases for nbytes in sizes]
+    for i, (src, dst, nbytes) in enumerate(points):
+        stats = {v: Stat.of([r[i]["samples"][k] for r in per_rank]) for k, v in enumerate(VARIANTS)}
         t, o = stats["torch"], stats["ours"]
         noise = 3.0 * math.hypot(t.stderr, o.stderr)
         ratio = o.median / t.median if t.median > 0 else float("nan")
         rows.append(
             dict(
-                case=r0["case"],
-                src=r0["src"],
-                dst=r0["dst"],
-                nbytes=r0["nbytes"],
-                shape=r0["shape"],
-                equal=all(r[i]["equal"] for r in per_rank),
-                bitwise_equal=all(r[i]["bitwise"] for r in per_rank),
-                collectives=dict(zip(VARIANTS, r0["collectives"])),
+                case=f"{src} -> {dst}", src=src, dst=dst, nbytes=nbytes, shape=list(bench_shape(nbytes)),
+                equal=all(all(r[i]["equal"].values()) for r in per_rank),
+                collectives=per_rank[0][i]["collectives"],
                 **{f"{v}_ms": stats[v].median * 1e3 for v in VARIANTS},
                 **{f"{v}_stderr_ms": stats[v].stderr * 1e3 for v in VARIANTS},
                 ratio=ratio,
@@ -268,7 +237,7 @@ def wall_bench(
                 slower=bool(o.median - t.median > noise and ratio > 1 + MIN_FLAG_RATIO),
                 samples_ms={v: [s * 1e3 for s in stats[v].samples] for v in VARIANTS},
             )
-        )
+        )  # fmt: skip
     return {
         "mesh": {"sizes": list(WALL_MESH[0]), "names": list(WALL_MESH[1]), "flattened": ["a+b"]},
         "ranks": world,
@@ -302,8 +271,8 @@ def format_wall(res: dict) -> str:
             f"{'ok' if r['equal'] else 'NO':>3}  {'SLOWER' if r['slower'] else ''}"
         )
     lines.append(
-        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result "
-        "matches torch's (rtol=atol=1e-5)\n"
+        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result of "
+        "torch and of ours equals torch's with its merge pass off, bit for bit\n"
         "noise = 3 x combined standard error of the two medians (from the samples' MAD); "
         f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"
     )
@@ -340,13 +309,18 @@ def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
     result["wall"] = res
     print(format_wall(res))
     if not all(r["equal"] for r in res["rows"]):
-        print("MISMATCH: some results differ from torch's (beyond rtol=atol=1e-5)", file=sys.stderr)
+        print("MISMATCH: some results differ from torch's with its merge pass off", file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_bench(args) -> int:
-    """``redist-opt bench --part all|planning|wall``: exit 0, 1 when a result differs from torch's."""
+    """``redist-opt bench``: exit 0, 1 when a result differs from torch's (``--part quality``:
+    when ours is worse on some case, see :mod:`redist_opt.tools.quality`)."""
+    if args.part == "quality":
+        from redist_opt.tools.quality import cmd_quality
+
+        return cmd_quality(args)
     sizes = parse_size_list(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(WALL_CASES)
     check_samples(args.iters, args.warmup)

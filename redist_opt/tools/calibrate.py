@@ -45,7 +45,7 @@ from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
-from redist_opt.tools.timing import Clock, DeviceChoice, Stat, loadavg, note_load, select_device, timed_samples, wait
+from redist_opt.tools.timing import Clock, Stat, loadavg, note_load, select_device, timed_samples, wait
 
 __all__ = [
     "calibrate", "calibrate_launched", "measure_collectives", "summarize", "format_calibration",
@@ -59,41 +59,28 @@ def _calibrate_worker(rank: int, world: int, mesh_sizes, names, sizes, iters: in
 
 
 _SPLITTING = ("reduce_scatter", "all_to_all")
+_OPS = {
+    "all_reduce": lambda x, pg: funcol.all_reduce(x, "sum", pg),
+    "reduce_scatter": lambda x, pg: funcol.reduce_scatter_single(x, "sum", 0, pg),
+    "all_gather": lambda x, pg: funcol.all_gather_single(x, 0, pg),
+    "all_to_all": lambda x, pg: funcol.all_to_all_single(x, None, None, pg),
+}
 
 
 def _op(kind: str, x: torch.Tensor, pg) -> Callable:
-    if kind == "all_reduce":
-        return lambda: wait(funcol.all_reduce(x, "sum", pg))
-    if kind == "reduce_scatter":
-        return lambda: wait(funcol.reduce_scatter_single(x, "sum", 0, pg))
-    if kind == "all_gather":
-        return lambda: wait(funcol.all_gather_single(x, 0, pg))
-    if kind == "all_to_all":
-        return lambda: wait(funcol.all_to_all_single(x, None, None, pg))
-    raise AssertionError(kind)
+    return lambda: wait(_OPS[kind](x, pg))
 
 
 def _host_groups(world: int, devices_per_host: int | None) -> list[tuple[str, int, str, object]]:
     """(label, size, link, this rank's group) of the ranks of this host and of this
-    local rank's peers on the other hosts, when the job spans 2+ hosts. Every rank
-    creates every group (``new_group`` is collective), in the same order."""
+    local rank's peers on the other hosts, when the job spans 2+ hosts (every rank
+    creates every group, as ``new_subgroups_by_enumeration`` does, in the same order)."""
     if not devices_per_host or devices_per_host >= world or world % devices_per_host:
         return []
-    me, hosts = dist.get_rank(), world // devices_per_host
-    out = []
-    mine = None
-    for h in range(hosts):
-        pg = dist.new_group(list(range(h * devices_per_host, (h + 1) * devices_per_host)))
-        if me // devices_per_host == h:
-            mine = pg
-    if devices_per_host > 1:
-        out.append(("host", devices_per_host, "intra", mine))
-    for local in range(devices_per_host):
-        pg = dist.new_group(list(range(local, world, devices_per_host)))
-        if me % devices_per_host == local:
-            mine = pg
-    out.append(("hosts", hosts, "inter", mine))
-    return out
+    d, hosts = devices_per_host, world // devices_per_host
+    host, _ = dist.new_subgroups_by_enumeration([list(range(h * d, (h + 1) * d)) for h in range(hosts)])
+    peers, _ = dist.new_subgroups_by_enumeration([list(range(local, world, d)) for local in range(d)])
+    return ([("host", d, "intra", host)] if d > 1 else []) + [("hosts", hosts, "inter", peers)]
 
 
 def measure_collectives(
@@ -182,29 +169,14 @@ def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names,
     measurements, creation = summarize(per_rank)
     model, fit = fit_profile(measurements, creation, f"{backend}-calibrated-{len(per_rank)}",
                              extra.get("devices_per_host"))  # fmt: skip
-    record = {
-        "backend": backend,
-        "device": device,
-        "nprocs": len(per_rank),
-        "mesh": {"sizes": list(mesh_sizes), "names": list(names)},
-        "sizes": list(sizes),
-        "iters": iters,
-        "warmup": warmup,
-        "host": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": time.perf_counter() - t0,
-        "measuring_s": max(r["worker_s"] for r in per_rank),
-        "load_average": loadavg(),
-        "fit": fit,
-        "group_creation_s": list(creation),
-        "measurements": measurements,
-        **extra,
-    }
+    record = dict(
+        backend=backend, device=device, nprocs=len(per_rank), mesh={"sizes": list(mesh_sizes), "names": list(names)},
+        sizes=list(sizes), iters=iters, warmup=warmup, torch=torch.__version__,
+        host={"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        wall_s=time.perf_counter() - t0, measuring_s=max(r["worker_s"] for r in per_rank), load_average=loadavg(),
+        fit=fit, group_creation_s=list(creation), measurements=measurements, **extra,
+    )  # fmt: skip
     return model, record
 
 
@@ -307,20 +279,6 @@ def default_mesh(world: int) -> tuple[int, ...]:
     return tuple(factors) or (world,)
 
 
-def _init(launch: Launch, choice: DeviceChoice, timeout: float) -> bool:
-    """Initialize the default process group on the chosen backend (unless one is up);
-    whether we did (and so must destroy it)."""
-    if dist.is_initialized():
-        return False
-    if choice.device.type != "cpu":
-        torch.accelerator.set_device_index(choice.device.index)
-    dist.init_process_group(
-        choice.backend, rank=launch.rank, world_size=launch.world,
-        timeout=datetime.timedelta(seconds=timeout),
-    )  # fmt: skip
-    return True
-
-
 def calibrate_launched(
     launch: Launch, mesh_sizes: Sequence[int], names: Sequence[str] | None, sizes: Sequence[int], *,
     iters: int, warmup: int, timeout: float,
@@ -329,7 +287,13 @@ def calibrate_launched(
     mesh_sizes, names = validate_request(launch.world, mesh_sizes, names, "WORLD_SIZE")
     choice = select_device(launch.local_rank)
     t0 = time.perf_counter()
-    owned = _init(launch, choice, timeout)
+    owned = not dist.is_initialized()  # then we initialize it, and must destroy it
+    if owned:
+        if choice.device.type != "cpu":
+            torch.accelerator.set_device_index(choice.device.index)
+        dist.init_process_group(
+            choice.backend, rank=launch.rank, world_size=launch.world, timeout=datetime.timedelta(seconds=timeout)
+        )
     try:
         with quiet_torch_logs():
             mine = measure_collectives(

@@ -140,12 +140,6 @@ def _command(target: str):
     return run
 
 
-def cmd_bench(args) -> int:
-    if args.part == "quality":  # the corpus against torch's shipped plan (tools/quality.py)
-        return _command("redist_opt.tools.quality:cmd_quality")(args)
-    return _command("redist_opt.tools.bench:cmd_bench")(args)  # planning and wall
-
-
 # -- the parser --------------------------------------------------------------------------
 
 
@@ -160,8 +154,7 @@ def _add_explain_arguments(ex) -> None:
     ex.add_argument("--dtype", default="float32", help="torch dtype name (default float32)")
     ex.add_argument("--groups", default="existing", choices=["existing", "create"],
                     help="communicators merged collectives may use (default existing)")
-    ex.add_argument("--devices-per-host", type=int, metavar="N",
-                    help="ranks per host for the cost model (consecutive ranks share a host)")
+    _add_devices_per_host(ex)
     ex.add_argument("--backend", metavar="NAME",
                     help="process-group backend the plan is for (gloo, nccl, fake): picks the cost "
                          "profile when --cost-model is not given")
@@ -190,15 +183,25 @@ def _add_calibrate_arguments(p) -> None:
     p.add_argument("--mesh", default=None,
                    help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
                    "the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
-    p.add_argument(
-        "--sizes", default=DEFAULT_CALIBRATE_SIZES,
-        help=f"message sizes per rank: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) "
-        f"or a range with a step factor (1KiB..4MiB*4); default {DEFAULT_CALIBRATE_SIZES}",
-    )  # fmt: skip
-    p.add_argument("--iters", type=int, default=7, help="timed samples per point (default 7)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+    _add_measuring_arguments(p, DEFAULT_CALIBRATE_SIZES, "message sizes per rank", iters=7)
     p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
+
+
+def _add_measuring_arguments(p, sizes: str, what: str, *, iters: int) -> None:
+    """``--sizes``, ``--iters`` and ``--warmup`` of the commands that time collectives."""
+    p.add_argument(
+        "--sizes", default=sizes,
+        help=f"{what}: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) or a range with a step factor "
+        f"(1KiB..4MiB*4); default {sizes}",
+    )  # fmt: skip
+    p.add_argument("--iters", type=int, default=iters, help=f"timed samples per point (default {iters})")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
+
+
+def _add_devices_per_host(p, prefix: str = "") -> None:
+    p.add_argument("--devices-per-host", type=int, metavar="N",
+                   help=f"{prefix}ranks per host for the cost model (consecutive ranks share a host)")
 
 
 def _add_bench_arguments(p) -> None:
@@ -207,13 +210,8 @@ def _add_bench_arguments(p) -> None:
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md)",
     )  # fmt: skip
-    p.add_argument(
-        "--sizes", default=DEFAULT_BENCH_SIZES,
-        help=f"global tensor sizes (list or range as for calibrate); default {DEFAULT_BENCH_SIZES}",
-    )  # fmt: skip
+    _add_measuring_arguments(p, DEFAULT_BENCH_SIZES, "global tensor sizes", iters=15)
     p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
-    p.add_argument("--iters", type=int, default=15, help="timed samples per point (default 15)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
     p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
     p.add_argument(
         "--profile",
@@ -232,8 +230,7 @@ def _add_quality_arguments(p) -> None:
     p.add_argument("--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)")
     p.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
                    help="quality: only this corpus category (repeatable)")
-    p.add_argument("--devices-per-host", type=int, metavar="N",
-                   help="quality: ranks per host for the cost model (consecutive ranks share a host)")
+    _add_devices_per_host(p, "quality: ")
     p.add_argument("--report", metavar="FILE", help="quality: write the markdown report here (default stdout)")
 
 
@@ -245,7 +242,7 @@ def _add_advise_arguments(p) -> None:
         help="cost profile: a JSON file from `redist-opt calibrate` or a built-in name (nccl, gloo); "
         "default: $REDIST_OPT_COST_PROFILE or the recorded mesh's backend's profile",
     )
-    p.add_argument("--devices-per-host", type=int, help="ranks per host for the cost model")
+    _add_devices_per_host(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     p.add_argument("--svg", metavar="FILE", help="also write a bar chart of modelled time per call site")
 
@@ -281,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"
     )
     _add_bench_arguments(be)
-    be.set_defaults(func=cmd_bench)
+    be.set_defaults(func=_command("redist_opt.tools.bench:cmd_bench"))
 
     adv = sub.add_parser(
         "advise",

@@ -18,7 +18,7 @@ import torch
 
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError, normalize_placements, parse_placements
-from redist_opt.tools.args import CliError, mesh_spec
+from redist_opt.tools.args import CliError, mesh_spec, parse_dtype
 
 __all__ = ["CATEGORIES", "CorpusCase", "DEFAULT_CORPUS", "load_corpus"]
 
@@ -49,10 +49,10 @@ class CorpusCase:
             raise ValueError(f"corpus case {self.id!r}: {e}") from None
 
     def torch_dtype(self) -> torch.dtype:
-        dt = getattr(torch, self.dtype, None)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"corpus case {self.id!r}: unknown dtype {self.dtype!r}")
-        return dt
+        try:
+            return parse_dtype(self.dtype)
+        except CliError as e:
+            raise ValueError(f"corpus case {self.id!r}: {e}") from None
 
     def placements(self):
         """(src, dst) as normalized torch placements (raises ValueError naming the case)."""
@@ -82,27 +82,24 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(CorpusCase))
 def _case_from_dict(raw: dict, where: str) -> CorpusCase:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: a case must be a JSON object")
-    missing = [f for f in _FIELDS if f not in raw]
-    if missing:
-        raise ValueError(f"{where} ({raw.get('id', '?')}): missing field(s) {missing}")
-    unknown = sorted(set(raw) - set(_FIELDS))
-    if unknown:
-        raise ValueError(f"{where} ({raw['id']}): unknown field(s) {unknown}")
+    where = f"{where} ({raw.get('id', '?')})"
+    missing, unknown = sorted(set(_FIELDS) - set(raw)), sorted(set(raw) - set(_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"{where}: missing field(s) {missing}, unknown field(s) {unknown}")
     for f in ("id", "category", "source", "why", "mesh", "src", "dst", "dtype"):
         if not isinstance(raw[f], str) or not raw[f].strip():
-            raise ValueError(f"{where} ({raw.get('id')}): field {f!r} must be a non-empty string")
+            raise ValueError(f"{where}: field {f!r} must be a non-empty string")
     if raw["category"] not in CATEGORIES:
-        raise ValueError(f"{where} ({raw['id']}): category {raw['category']!r} is not one of {CATEGORIES}")
+        raise ValueError(f"{where}: category {raw['category']!r} is not one of {CATEGORIES}")
     if not isinstance(raw["flatten"], list) or not all(isinstance(g, str) and "+" in g for g in raw["flatten"]):
-        raise ValueError(f"{where} ({raw['id']}): flatten must be a list of dims joined by '+', e.g. [\"dp+cp\"]")
+        raise ValueError(f"{where}: flatten must be a list of dims joined by '+', e.g. [\"dp+cp\"]")
     shape = raw["shape"]
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
-        raise ValueError(f"{where} ({raw['id']}): shape must be a list of positive integers")
+        raise ValueError(f"{where}: shape must be a list of positive integers")
     case = CorpusCase(**raw | dict(flatten=tuple(raw["flatten"]), shape=tuple(shape)))
     spec = case.spec()  # mesh and flattened groups parse
-    for g in case.flatten:
-        if len(spec.dims_of(g)) < 2:
-            raise ValueError(f"{where} ({case.id}): flattened group {g!r} names fewer than 2 dims")
+    if any(len(spec.dims_of(g)) < 2 for g in case.flatten):
+        raise ValueError(f"{where}: a flattened group of {list(case.flatten)} names fewer than 2 dims")
     case.placements()  # placements parse for this mesh and tensor rank
     case.torch_dtype()
     return case

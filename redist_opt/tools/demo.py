@@ -8,56 +8,37 @@ result equals the reference bit for bit.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import statistics
 import sys
-import time
 
-import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
 from redist_opt.debug.explain import format_explain
-from redist_opt.ir.cost import CostModel
-from redist_opt.runtime.torch_dtensor import reference_semantics
+from redist_opt.ir.cost import resolve
+from redist_opt.tools.bench import VARIANTS, run_variants
 from redist_opt.tools.spawn import SpawnError, run_ranks
+from redist_opt.tools.timing import Stat
 
 __all__ = ["run_demo", "cmd_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
 
 DEMO_MESH = ((2, 2, 2), ("dp", "cp", "tp"))
-# Flattened meshes the demo job creates (as a training job would for its loss
-# reductions); the whole mesh is also the world group, which exists anyway.
-DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"))
+# Flattened meshes the demo job creates, as a training job would for its loss
+# reductions (flattening the whole mesh creates no communicator: torch uses the world group).
+DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"), ("dp", "cp", "tp"))
 DEMO_CASES = [
     # (src, dst, global shape)
-    ("P,P,P", "R,S(0),R", (8, 6)),  # reduce_scatter first, then one all_reduce over dp+tp
+    ("P,P,P", "R,S(0),R", (8, 6)),  # three reductions -> an all_reduce over dp+cp, then one over tp
     ("P,P,P", "R,R,R", (4, 4)),  # one all_reduce over the world group
-    ("S(0),S(0),S(1)", "R,R,R", (5, 3)),  # uneven: one exact all_gather over dp+cp
+    ("S(0),S(0),S(1)", "R,R,R", (5, 3)),  # uneven: an exact all_gather over dp+cp (torch's merge is wrong)
     ("S(0),S(0),R", "S(1),S(1),R", (6, 8)),  # one all_to_all over dp+cp
 ]
 
 
 def _demo_spec():
     sizes, names = DEMO_MESH
-    return redist_opt.MeshSpec(
-        sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN] + ["+".join(names)]
-    )
-
-
-def _demo_input(mesh, src_p, shape, rank):
-    # Small integers: every summation order gives the same bits, so results can
-    # be compared exactly with torch's, however the optimizer regrouped the sums.
-    full = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 7) % 11
-    base = [Replicate() if p.is_partial() else p for p in src_p]
-    dt = distribute_tensor(full, mesh, base, src_data_rank=None)
-    if any(p.is_partial() for p in src_p):
-        local = dt.to_local() + rank % 3  # every rank holds a different partial value
-        dt = DTensor.from_local(local, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride())
-    return dt
+    # The backend the ranks run on: the plans explained are the ones they run (gloo's cost profile).
+    return redist_opt.MeshSpec(sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN], backend="gloo")
 
 
 def _demo_worker(rank: int, world: int) -> list[dict]:
@@ -66,43 +47,7 @@ def _demo_worker(rank: int, world: int) -> list[dict]:
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
     for dims in DEMO_FLATTEN:
         mesh[dims]._flatten()
-    results = []
-    for src, dst, shape in DEMO_CASES:
-        src_p = redist_opt.parse_placements(src)
-        dst_p = redist_opt.parse_placements(dst)
-        dt = _demo_input(mesh, src_p, shape, rank)
-        with reference_semantics(), CommDebugMode() as ref_mode:
-            ref = dt.redistribute(mesh, dst_p).to_local()
-        with CommDebugMode() as torch_mode:
-            merged = dt.redistribute(mesh, dst_p).to_local()
-        with CommDebugMode() as our_mode:
-            out = redist_opt.redistribute(dt, dst_p).to_local()
-        results.append(
-            dict(
-                equal=bool(torch.equal(ref, out)),
-                torch_merge_equal=bool(torch.equal(ref, merged)),
-                ref_colls=ref_mode.get_total_counts(),
-                torch_colls=torch_mode.get_total_counts(),
-                our_colls=our_mode.get_total_counts(),
-                t_ref=_median_time(lambda: dt.redistribute(mesh, dst_p), reference_semantics),
-                t_torch=_median_time(lambda: dt.redistribute(mesh, dst_p)),
-                t_our=_median_time(lambda: redist_opt.redistribute(dt, dst_p)),
-            )
-        )
-    return results
-
-
-def _median_time(fn, context=None, repeat: int = 7) -> float:
-    """Median wall time of ``fn`` after the first (planning) call, in seconds."""
-    times = []
-    with context() if context else contextlib.nullcontext():
-        fn()
-        for _ in range(repeat):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return [run_variants(mesh, src, dst, shape, rank, iters=7, warmup=1) for src, dst, shape in DEMO_CASES]
 
 
 def run_demo(timeout: float = 300.0) -> int:
@@ -114,7 +59,7 @@ def run_demo(timeout: float = 300.0) -> int:
     print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {flats}\n")
     for src, dst, shape in DEMO_CASES:
         naive = redist_opt.plan(spec, src, dst, shape=shape)
-        print(format_explain(naive, redist_opt.optimize(naive), cost_model=CostModel.default(), show_ir=False))
+        print(format_explain(naive, redist_opt.optimize(naive), cost_model=resolve(spec)[0], show_ir=False))
         print()
     print(f"executing on {world} ranks (gloo, 127.0.0.1) ...", flush=True)
     try:
@@ -124,20 +69,18 @@ def run_demo(timeout: float = 300.0) -> int:
         return 1
     ok = True
     print()
-    print("collectives and wall time per redistribution (median of 7 runs, slowest rank):")
-    header = f"{'case':<38} {'equal':>6} {'torch no-merge':>15} {'torch merge':>12} {'redist_opt':>11}"
-    print(header)
+    print("collectives and wall time per redistribution (median of 7 samples of the slowest rank):")
+    print(f"{'case':<38} {'equal':>6} {'torch no-merge':>15} {'torch merge':>12} {'redist_opt':>11}")
     for i, (src, dst, shape) in enumerate(DEMO_CASES):
         rows = [reports[r][i] for r in range(world)]
-        equal = all(r["equal"] for r in rows)
+        equal = all(r["equal"]["ours"] for r in rows)
         ok &= equal
-        t = {k: max(r[k] for r in rows) * 1e3 for k in ("t_ref", "t_torch", "t_our")}
-        torch_ok = "" if all(r["torch_merge_equal"] for r in rows) else " WRONG"
-        case = f"{src} -> {dst} {shape}"
+        ms = {v: Stat.of([r["samples"][k] for r in rows]).median * 1e3 for k, v in enumerate(VARIANTS)}
+        n = rows[0]["collectives"]
+        torch_ok = "" if all(r["equal"]["torch"] for r in rows) else " WRONG"
         print(
-            f"{case:<38} {str(equal):>6} {rows[0]['ref_colls']:>3} {t['t_ref']:>7.2f} ms "
-            f"{rows[0]['torch_colls']:>2} {t['t_torch']:>5.2f} ms{torch_ok} "
-            f"{rows[0]['our_colls']:>2} {t['t_our']:>5.2f} ms"
+            f"{f'{src} -> {dst} {shape}':<38} {str(equal):>6} {n['torch_nomerge']:>3} {ms['torch_nomerge']:>7.2f} ms "
+            f"{n['torch']:>2} {ms['torch']:>5.2f} ms{torch_ok} {n['ours']:>2} {ms['ours']:>5.2f} ms"
         )
     print()
     if ok:

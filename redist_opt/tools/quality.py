@@ -1,30 +1,13 @@
-"""``redist-opt bench --part quality``: redist_opt against torch 2.13's shipped
-redistribute on a corpus of real layouts.
+"""``redist-opt bench --part quality``: redist_opt against torch 2.13's shipped redistribute
+on the shipped corpus of real layouts (:mod:`~redist_opt.tools.corpus`): collectives,
+bytes per rank and modelled time of torch and of both our groups policies (method:
+docs/quality.md; the comparison rule and the report: :mod:`~redist_opt.tools.quality_report`).
 
-For every case of the shipped corpus (:mod:`~redist_opt.tools.corpus`: FSDP/HSDP,
-TP/SP, CP, 4-D torchtitan meshes, EP, grad-norm clipping, loss reductions, jagged
-meshes, uneven shapes) the bench reports collectives, bytes per rank and modelled
-time of
-
-* **torch**: ``DTensor.redistribute`` as shipped (its transform-merge pass on), as
-  :func:`~redist_opt.ir.torch_merge.torch_merged_plan` models it on the case's real
-  shape. The harness ``python -m benchmarks.quality`` (in a checkout)
-  runs torch itself instead, under ``LocalTensorMode``, and records its collectives;
-  on the shipped corpus the two agree on every case;
-* **existing**: ``redist_opt.optimize(plan, groups="existing")``;
-* **create**: ``redist_opt.optimize(plan, groups="create")``.
-
-Comparison rule ("worse"): a policy is worse than torch on a case when it issues
-more collectives, OR more bytes per rank, OR more modelled time (the same
-:class:`~redist_opt.ir.cost.CostModel` prices both sides: ``collective_time`` summed
-over the collectives; the one-off cost of creating a group is left out).
-
-Modules, one job each: :mod:`~redist_opt.tools.corpus` (the corpus),
-:mod:`~redist_opt.tools.quality_report` (the rule, the totals and the markdown
-report); this module makes the plans of both sides, runs them over the corpus and
-is the command. The harness
-builds its result from :func:`case_fields` and :func:`quality_result` and uses the
-command's :func:`quality_request`, :func:`print_progress` and :func:`write_report`.
+torch's side is its shipped plan as :func:`~redist_opt.ir.torch_merge.torch_merged_plan`
+models it at the case's real shape. The harness ``python -m benchmarks.quality`` (in a
+checkout) runs torch itself instead; it builds its result with :func:`case_fields` and
+:func:`quality_result` and uses :func:`quality_request`, :func:`print_progress` and
+:func:`write_report`.
 """
 
 from __future__ import annotations
@@ -41,7 +24,8 @@ from redist_opt.debug.units import format_bytes
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.torch_merge import torch_merged_plan
-from redist_opt.tools.args import CliError, load_profile, with_devices_per_host
+from redist_opt.tools.args import CliError
+from redist_opt.tools.args import cost_model as flag_cost_model
 from redist_opt.tools.corpus import CorpusCase, load_corpus
 from redist_opt.tools.quality_report import COMPARISON_RULE, POLICIES, SIDES, cell, find_worse, format_quality, totals
 
@@ -176,8 +160,7 @@ def quality_request(args) -> tuple[list[CorpusCase], CostModel]:
         cases = [c for c in cases if c.id in args.corpus_case]
     if args.category:
         cases = [c for c in cases if c.category in args.category]
-    model = with_devices_per_host(load_profile("--profile", args.profile or "nccl"), args.devices_per_host)
-    return cases, model
+    return cases, flag_cost_model("--profile", args.profile or "nccl", args.devices_per_host)[0]
 
 
 def print_progress(row: dict) -> None:

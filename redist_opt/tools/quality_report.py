@@ -1,9 +1,6 @@
-"""The quality bench's comparison and report: when ours is worse than, equal to or better
-than torch on a case, the totals over the corpus, and the markdown report (the table of
-cases, totals, worse and unsupported cases and the collectives of every case).
-
-A policy is worse than torch on a case when it issues more collectives, OR more
-bytes per rank, OR more modelled time (the same cost model prices both sides).
+"""The quality bench's comparison rule (:data:`COMPARISON_RULE`: when ours is worse than,
+equal to or better than torch on a case), the totals over the corpus, and the markdown
+report: the table of cases, totals, worse and unsupported cases, the collectives of each.
 """
 
 from __future__ import annotations

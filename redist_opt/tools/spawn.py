@@ -1,9 +1,11 @@
 """Running a function on N real gloo processes on 127.0.0.1 and collecting their results.
 
 Used by ``redist-opt demo``, ``calibrate`` and ``bench``: every rank runs
-``target(rank, world, *args)`` after ``init_process_group("gloo")``; a rank that
-raises (or hangs) stops the others and its traceback is raised in the parent as
-:class:`SpawnError`, instead of every rank hanging in its next collective.
+``target(rank, world, *args)`` after ``init_process_group("gloo")`` and saves its
+result to a file the parent reads. Failure handling is torch's own
+(``torch.multiprocessing``'s ``ProcessContext.join``): a rank that raises stops the
+others, and its traceback is raised in the parent as :class:`SpawnError` instead of
+every rank hanging in its next collective.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import contextlib
 import datetime
 import logging
 import os
-import queue as queue_mod
+import pickle
 import socket
+import tempfile
 import time
-import traceback
 from collections.abc import Callable
 
 import torch
@@ -56,25 +58,31 @@ def quiet_torch_logs():
             lg.setLevel(level)
 
 
-def _rank_entry(rank: int, target: Callable, world: int, port: int, queue, timeout: float, args: tuple) -> None:
+def _result_path(out_dir: str, rank: int) -> str:
+    return os.path.join(out_dir, f"rank{rank}.pt")
+
+
+def _rank_entry(rank: int, target: Callable, world: int, port: int, out_dir: str, timeout: float, args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    try:
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout)
-        )
-        with quiet_torch_logs():
-            result = target(rank, world, *args)
-        queue.put((rank, result, None))
-    except BaseException:
-        queue.put((rank, None, traceback.format_exc()))
-        raise SystemExit(1)
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+    with quiet_torch_logs():
+        result = target(rank, world, *args)
+    torch.save(result, _result_path(out_dir, rank))
+    # Only on success: a failing rank exits at once, so torch writes its traceback
+    # before its peers' collectives break (see _first_failure).
+    dist.destroy_process_group()
+
+
+def _first_failure(error_files, nprocs: int, error) -> str:
+    """The earliest rank traceback written: the first failure is the cause; the ranks whose
+    next collective broke because of it fail a moment later (fallout)."""
+    written = [(os.stat(f).st_mtime_ns, rank, f) for rank, f in enumerate(error_files) if os.path.exists(f)]
+    if not written:
+        return f"rank {error.error_index} of {nprocs} failed: {error} (killed, or its result could not be saved)"
+    _, rank, path = min(written)
+    with open(path, "rb") as f:
+        return f"rank {rank} of {nprocs} failed:\n{pickle.load(f).rstrip()}"
 
 
 def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float = 120.0) -> list:
@@ -84,73 +92,27 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     :class:`SpawnError` with that rank's traceback; ranks that do not report within
     ``timeout`` seconds are terminated and reported.
     """
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
     # Collectives time out a little before we give up on the ranks, so a hang
     # surfaces as a child traceback rather than a kill.
     pg_timeout = max(10.0, timeout - 5.0)
-    pc = mp.start_processes(
-        _rank_entry,
-        args=(target, nprocs, port, queue, pg_timeout, args),
-        nprocs=nprocs,
-        join=False,
-        start_method="spawn",
-    )
-    results: dict[int, object] = {}
-    errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) + len(errors) < nprocs:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                rank, result, err = queue.get(timeout=min(1.0, remaining))
-            except queue_mod.Empty:
-                exited = [
-                    i for i, p in enumerate(pc.processes)
-                    if p.exitcode is not None and i not in results and i not in errors
-                ]  # fmt: skip
-                if exited:
-                    # Give an exiting rank's report a moment to arrive through the pipe.
-                    try:
-                        rank, result, err = queue.get(timeout=2.0)
-                    except queue_mod.Empty:
-                        for i in exited:
-                            errors[i] = (
-                                f"rank {i} exited with code {pc.processes[i].exitcode} without a "
-                                "report (killed, or its result could not be pickled)"
-                            )
-                        break
-                else:
-                    continue
-            if err is not None:
-                errors[rank] = err
-                # One failure makes the others hang in their next collective: stop now.
-                break
-            results[rank] = result
-    finally:
-        _stop(pc, graceful=not errors and len(results) == nprocs)
-    if errors:
-        first = next(iter(errors))  # the first report is the cause; later ones are fallout
-        raise SpawnError(f"rank {first} of {nprocs} failed:\n{errors[first].rstrip()}")
-    if len(results) < nprocs:
-        missing = sorted(set(range(nprocs)) - set(results))
-        raise SpawnError(f"ranks {missing} of {nprocs} did not report within {timeout:.0f}s")
-    return [results[r] for r in range(nprocs)]
-
-
-def _stop(pc, *, graceful: bool) -> None:
-    """Join our processes; terminate (then kill) any that are still running."""
-    deadline = time.monotonic() + (30.0 if graceful else 2.0)
-    for p in pc.processes:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in pc.processes:
-        if p.is_alive():
-            p.terminate()
-    for p in pc.processes:
-        p.join(timeout=5.0)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5.0)
+    with tempfile.TemporaryDirectory(prefix="redist_opt_ranks_") as out_dir:
+        pc = mp.start_processes(
+            _rank_entry, args=(target, nprocs, free_port(), out_dir, pg_timeout, args), nprocs=nprocs,
+            join=False, start_method="spawn",
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        try:
+            while not pc.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())), grace_period=2.0):
+                if time.monotonic() >= deadline:
+                    break
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            raise SpawnError(_first_failure(pc.error_files, nprocs, e)) from None
+        finally:
+            for p in pc.processes:  # the ones still running at the deadline
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5.0)
+        missing = [r for r in range(nprocs) if not os.path.exists(_result_path(out_dir, r))]
+        if missing:
+            raise SpawnError(f"ranks {missing} of {nprocs} did not report within {timeout:.0f}s")
+        return [torch.load(_result_path(out_dir, r), weights_only=False) for r in range(nprocs)]

@@ -34,23 +34,12 @@ __all__ = [
 ]
 
 
-class Clock:
-    """Times a block of device work: ``start()`` -> token, ``stop(token)`` -> seconds.
-
-    ``device`` is where the timed tensors (and the agreement all_reduce) live.
-    """
+class WallClock:
+    """Host wall clock: right where every timed call waits for its result (CPU, gloo).
+    A clock times a block of work: ``start()`` -> token, ``stop(token)`` -> seconds;
+    ``device`` is where the timed tensors (and the agreement all_reduce) live."""
 
     device = torch.device("cpu")
-
-    def start(self):
-        raise NotImplementedError
-
-    def stop(self, token) -> float:
-        raise NotImplementedError
-
-
-class WallClock(Clock):
-    """Host wall clock: right where every timed call waits for its result (CPU, gloo)."""
 
     def start(self):
         return time.perf_counter()
@@ -59,7 +48,7 @@ class WallClock(Clock):
         return time.perf_counter() - token
 
 
-class EventClock(Clock):
+class EventClock:
     """Device events on the current stream (``torch.cuda.Event(enable_timing=True)``):
     the host returns from a collective before the device finishes it, so the host
     clock would time the launch only. ``stop`` synchronizes on the end event."""
@@ -77,6 +66,9 @@ class EventClock(Clock):
         end.record()
         end.synchronize()
         return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
+Clock = WallClock | EventClock
 
 
 @dataclasses.dataclass(frozen=True)
