@@ -47,11 +47,8 @@ ENTER_SETTINGS = ("torch", "torchtitan", "transformers")
 def _import_frameworks(setting: str) -> str:
     """Import what ``setting`` names; returns a note (what was stubbed, or why not)."""
     if setting == "torchtitan":
-        try:
-            from redist_opt.tools.step_bench.model import import_torchtitan
-        except ImportError:  # the step bench lives under benchmarks/ in later checkouts
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            from step_bench.model import import_torchtitan
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
+        from benchmarks.step_bench.model import import_torchtitan
         stubbed = import_torchtitan()
         return f"stubbed for the import: {stubbed}" if stubbed else ""
     if setting == "transformers":

@@ -9,6 +9,7 @@ result equals the reference bit for bit.
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from torch.distributed.device_mesh import init_device_mesh
@@ -82,6 +83,10 @@ def run_demo(timeout: float = 300.0) -> int:
             f"{f'{src} -> {dst} {shape}':<38} {str(equal):>6} {n['torch_nomerge']:>3} {ms['torch_nomerge']:>7.2f} ms "
             f"{n['torch']:>2} {ms['torch']:>5.2f} ms{torch_ok} {n['ours']:>2} {ms['ours']:>5.2f} ms"
         )
+    cpus = os.cpu_count() or 1
+    if world > cpus:
+        print(f"note: {world} ranks share {cpus} cpus, so these times are mostly scheduling; "
+              "`redist-opt bench --part wall` times 4 ranks")
     print()
     if ok:
         print(f"every rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks")

@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -72,6 +73,12 @@ def _rank_entry(rank: int, target: Callable, world: int, port: int, out_dir: str
     # Only on success: a failing rank exits at once, so torch writes its traceback
     # before its peers' collectives break (see _first_failure).
     dist.destroy_process_group()
+    # The result is saved: skip the interpreter's teardown, where threads torch started
+    # (Inductor's compile workers) can abort the process ("terminate called without an
+    # active exception") after the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _first_failure(error_files, nprocs: int, error) -> str:
