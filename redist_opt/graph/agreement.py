@@ -64,6 +64,7 @@ import torch.fx as fx
 
 from redist_opt.api.specs import cache_generation
 from redist_opt.graph.chain import Chain, ChainOp
+from redist_opt.runtime.consensus import check_compiled_profile
 from redist_opt.runtime.torch_dtensor import default_store
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
@@ -98,6 +99,7 @@ class SliceAgreement:
         self.timeout_s = timeout_s
         self.store, self.rank = store, rank  # a store and this rank's id (tests; default: the default group's)
         self._rounds: collections.Counter = collections.Counter()
+        self._aborted_ranks: tuple | None = None  # the ranks of the last round, if it aborted
         self._generation = cache_generation()
 
     @property
@@ -113,10 +115,28 @@ class SliceAgreement:
         self._rounds[digest] += 1
         return f"{self._generation}/{digest}/{self._rounds[digest]}"
 
+    def check_profile(self, contexts, cost) -> None:
+        """Raise :class:`~redist_opt.runtime.consensus.AgreementError` on every rank that
+        compiles this program when they would price it with different cost profiles:
+        chain planning and combining would then differ by rank
+        (:func:`~redist_opt.runtime.consensus.check_compiled_profile`, once per ranks and
+        ``cost``). Not with facts given by the caller (``all_gather``, ``store``)."""
+        if self.all_gather is not None or self.store is not None:
+            return
+        given = [c for c in contexts if c.given] or contexts  # not a sibling view's whole root
+        ranks = {r for c in given for r in c.ranks_of(c.scope_dims)}
+        # After a slice round of these ranks that not all joined, theirs is not waited for again
+        timeout_s = 0.0 if self._aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
+        if not check_compiled_profile(given[0].device_mesh, given[0].spec, cost, ranks, timeout_s):
+            warnings.warn(f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
+                          f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
+                          stacklevel=3)
+
     def agree(self, graph: fx.Graph, chains: Sequence[Chain]) -> Agreed:
         """Mesh dims for every slice of ``chains`` (one round for all of them)."""
         out = Agreed()
         pending = _pending(chains, out)
+        self._aborted_ranks = None
         if not pending:
             return out
         ranks = tuple(sorted({r for c, _ in pending for r in c.ctx.ranks_of(_scope(c, chains))}))
@@ -133,6 +153,7 @@ class SliceAgreement:
             else:
                 key = self._round_key((_structure(graph), texts, ranks))
                 verdict = _Round(store, key, ranks, self.timeout_s, me).run(mine, texts)
+        self._aborted_ranks = ranks if verdict[0] == "abort" else None
         _resolve(pending, mine, verdict, ranks, self.timeout_s, me, out)
         return out
 

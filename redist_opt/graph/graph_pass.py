@@ -188,6 +188,7 @@ def optimize_graph(
     all_gather=None,
     max_collectives: str = "torch",
     reassociate: bool = True,
+    combine: bool = True,
     agreement: SliceAgreement | None = None,
 ) -> GraphPassResult:
     """Raise, optimize and lower back every collective chain of ``gm``, in place; then
@@ -231,6 +232,8 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
     if not contexts and count_collectives(graph):
         not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
     failed, notes = _agree(graph, chains, agreement)
+    if contexts and count_collectives(graph):  # chains and combining are priced: the same profile everywhere
+        agreement.check_profile(contexts, cost)
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()

@@ -57,6 +57,7 @@ __all__ = [
     "needs_agreement",
     "agree_group_created",
     "check_planning_inputs",
+    "check_compiled_profile",
     "abandoned_reason",
     "WAITS",
 ]
@@ -208,6 +209,26 @@ def check_planning_inputs(device_mesh, spec, cost=None) -> None:
         ranks = _mesh_ranks(device_mesh)
         _raise_if_different(exchange("the cost profile planning uses", ranks, _planning_facts(spec, cost)))
     _agreed.add(key)
+
+
+def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeout_s: float) -> bool:
+    """:func:`check_planning_inputs` for a compiled program: ``ranks`` are the ranks that
+    compile it (a pipeline stage's, not the mesh's), agreed once per ``ranks`` and
+    ``cost``. A round that not every rank joins within ``timeout_s`` (one rank compiling
+    alone) returns False on every rank of it: the profile stays unchecked, as the
+    caller's pass would be without this check, instead of failing a compile that works."""
+    ranks = tuple(sorted(ranks))
+    key = (ranks, cost)
+    if key in _agreed or len(ranks) < 2 or not needs_agreement(device_mesh):
+        return True
+    try:
+        facts = exchange("the cost profile compiled programs are priced with", ranks,
+                         _planning_facts(spec, cost), timeout_s=timeout_s)
+    except AgreementError:
+        return False
+    _raise_if_different(facts)
+    _agreed.add(key)
+    return True
 
 
 def _raise_if_different(facts: dict) -> None:

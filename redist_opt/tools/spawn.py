@@ -71,7 +71,9 @@ def _rank_entry(rank: int, target: Callable, world: int, port: int, out_dir: str
         result = target(rank, world, *args)
     torch.save(result, _result_path(out_dir, rank))
     # Only on success: a failing rank exits at once, so torch writes its traceback
-    # before its peers' collectives break (see _first_failure).
+    # before its peers' collectives break (see _first_failure). Rank 0 serves the
+    # store: no rank leaves before every rank is done with it.
+    dist.barrier()
     dist.destroy_process_group()
     # The result is saved: skip the interpreter's teardown, where threads torch started
     # (Inductor's compile workers) can abort the process ("terminate called without an

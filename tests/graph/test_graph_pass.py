@@ -96,6 +96,11 @@ def test_parameter_gathers_are_combined(report):
     assert "combined 2 all_gathers over group" in g["explain"]
 
 
+def test_combining_switched_off_leaves_the_gathers_apart(report):
+    (g,) = report["nocombine/gathered_params"]
+    assert g["after"] == {"all_gather": 2} and "combined" not in g["explain"], g["explain"]
+
+
 def test_uneven_parameter_gathers_are_not_combined(report):
     # their graphs differ by rank (the pad before the gather is on some ranks only)
     (g,) = report["noflat/gathered_params_uneven"]

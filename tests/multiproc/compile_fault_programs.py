@@ -234,3 +234,27 @@ def compiled_for_any_rank(ctx) -> dict:
     rounds = 0 if ctx.reference else comp.backend.agreement.rounds_asked
     return {"y": y, "_code": torch.tensor(list(code.encode()), dtype=torch.uint8),
             "_rounds": torch.tensor(list(str(rounds).encode()), dtype=torch.uint8), **comp.close()}
+
+
+def _two_gathers(mesh):
+    """Two 1 MiB all_gathers over tp in a hand-written program: under the gloo profile
+    their concatenation is past latency-bound and they stay apart; under a profile whose
+    launches cost seconds, they are combined into one."""
+    tp = mesh["tp"].get_group()
+
+    def f(a, b):
+        return funcol.all_gather_tensor(a, 0, tp) + 1, funcol.all_gather_tensor(b, 0, tp) * 2
+
+    return f
+
+
+def gathers_priced(ctx) -> dict:
+    """(f, compiled) ``_two_gathers`` compiled once; the test sets each rank's
+    ``REDIST_OPT_COST_PROFILE``."""
+    torch._dynamo.reset()
+    comp = _Compiler(ctx)
+    a, b = _input((512, 512)), _input((512, 512), salt=1)  # 1 MiB each
+    mesh = _mesh()  # alive while compiling: the pass finds the groups' mesh among the live ones
+    with ctx.section("step0"):
+        x, y = comp.compile(_two_gathers(mesh))(a, b)
+    return {"x": x.clone(), "y": y.clone(), **comp.close()}

@@ -10,6 +10,7 @@ than the agreement's bound. The measured worst waits are in docs/faults.md (Comp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -21,6 +22,7 @@ import compile_fault_programs as P  # noqa: E402
 import fault_harness as H  # noqa: E402
 
 from redist_opt.graph.agreement import AGREEMENT_TIMEOUT_S  # noqa: E402
+from redist_opt.ir.cost import CostModel  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +34,8 @@ BOUND_S = AGREEMENT_TIMEOUT_S + 20.0
 QUICK_S = AGREEMENT_TIMEOUT_S - 0.5
 
 
-def _run(program) -> dict:
-    reports = H.run_program(program, WORLD, bound_s=240.0)
+def _run(program, **kw) -> dict:
+    reports = H.run_program(program, WORLD, bound_s=240.0, **kw)
     texts = {}
     for rank, rep in reports.items():  # "_" keys are texts a program returned, not outputs
         texts[rank] = {k: P.text_of(rep.outputs, k) for k in list(rep.outputs or {}) if k.startswith("_")}
@@ -103,3 +105,25 @@ def test_a_graph_compiled_for_any_rank_stays_rank_independent():
     # traced by torch (coordinates read at run time), left as traced by the pass
     assert "_runtime_compute_coordinate_on_dim" in next(iter(codes))
     assert "rewritten" not in run["texts"][0]["_explain"]
+
+
+def _launch_bound_profile(tmp_path) -> str:
+    """A gloo profile whose launches cost 10 s: every combination is latency-bound."""
+    path = tmp_path / "launch_bound.json"
+    dataclasses.replace(CostModel.profile("gloo"), launch=10.0, fitted=()).save(str(path))
+    return str(path)
+
+
+def test_ranks_pricing_with_different_profiles_compile_the_graph_as_traced(tmp_path):
+    # (f, compiled) rank 1 alone would combine the two gathers: every rank sees the
+    # profiles differ in one round, so every rank's pass stops and the graph runs as
+    # traced everywhere (the same collectives on every rank, checked by _run)
+    run = _run(P.gathers_priced, rank_env={1: {"REDIST_OPT_COST_PROFILE": _launch_bound_profile(tmp_path)}})
+    assert all(run["texts"][r]["_explain"] == "pass failed" for r in range(WORLD)), run["texts"]
+    assert all(_sections(run, r)["step0"] < BOUND_S for r in range(WORLD))
+
+
+def test_ranks_pricing_with_one_profile_combine_alike(tmp_path):
+    run = _run(P.gathers_priced, env={"REDIST_OPT_COST_PROFILE": _launch_bound_profile(tmp_path)})
+    for r in range(WORLD):
+        assert "combined 2 all_gathers over group" in run["texts"][r]["_explain"], run["texts"][r]

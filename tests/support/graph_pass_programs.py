@@ -316,6 +316,9 @@ def fake_main(rank: int) -> dict:
             x = local_input(name, shape, rank, requires_grad=name in GRAD)
             compile_program(make(meshes[m]), x, rec)
             report[f"{tag}/{name}"] = rec.graphs
+    rec = Recorder(meshes=meshes["m3"], combine=False)  # the twin of noflat/gathered_params
+    compile_program(gathered_params(meshes["m3"]), local_input("gathered_params", (8, 4), rank), rec)
+    report["nocombine/gathered_params"] = rec.graphs
     return report
 
 
