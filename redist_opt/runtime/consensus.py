@@ -215,8 +215,9 @@ def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeou
     """:func:`check_planning_inputs` for a compiled program: ``ranks`` are the ranks that
     compile it (a pipeline stage's, not the mesh's), agreed once per ``ranks`` and
     ``cost``. A round that not every rank joins within ``timeout_s`` (one rank compiling
-    alone) returns False on every rank of it: the profile stays unchecked, as the
-    caller's pass would be without this check, instead of failing a compile that works."""
+    alone) returns False on every rank of it, and is not asked again: the profile stays
+    unchecked, as the caller's pass would be without this check, instead of failing a
+    compile that works (and the ranks' rounds stay in step)."""
     ranks = tuple(sorted(ranks))
     key = (ranks, cost)
     if key in _agreed or len(ranks) < 2 or not needs_agreement(device_mesh):
@@ -225,6 +226,7 @@ def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeou
         facts = exchange("the cost profile compiled programs are priced with", ranks,
                          _planning_facts(spec, cost), timeout_s=timeout_s)
     except AgreementError:
+        _agreed.add(key)
         return False
     _raise_if_different(facts)
     _agreed.add(key)
