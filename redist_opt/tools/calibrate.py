@@ -169,14 +169,25 @@ def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names,
     measurements, creation = summarize(per_rank)
     model, fit = fit_profile(measurements, creation, f"{backend}-calibrated-{len(per_rank)}",
                              extra.get("devices_per_host"))  # fmt: skip
-    record = dict(
-        backend=backend, device=device, nprocs=len(per_rank), mesh={"sizes": list(mesh_sizes), "names": list(names)},
-        sizes=list(sizes), iters=iters, warmup=warmup, torch=torch.__version__,
-        host={"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        wall_s=time.perf_counter() - t0, measuring_s=max(r["worker_s"] for r in per_rank), load_average=loadavg(),
-        fit=fit, group_creation_s=list(creation), measurements=measurements, **extra,
-    )  # fmt: skip
+    record = {
+        "backend": backend,
+        "device": device,
+        "nprocs": len(per_rank),
+        "mesh": {"sizes": list(mesh_sizes), "names": list(names)},
+        "sizes": list(sizes),
+        "iters": iters,
+        "warmup": warmup,
+        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - t0,
+        "measuring_s": max(r["worker_s"] for r in per_rank),
+        "load_average": loadavg(),
+        "fit": fit,
+        "group_creation_s": list(creation),
+        "measurements": measurements,
+        **extra,
+    }
     return model, record
 
 
