@@ -24,22 +24,25 @@ from redist_opt.tools.timing import Stat
 __all__ = ["run_demo", "cmd_demo", "DEMO_MESH", "DEMO_FLATTEN", "DEMO_CASES"]
 
 DEMO_MESH = ((2, 2, 2), ("dp", "cp", "tp"))
-# Flattened meshes the demo job creates, as a training job would for its loss
-# reductions (flattening the whole mesh creates no communicator: torch uses the world group).
-DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"), ("dp", "cp", "tp"))
+# Flattened meshes the demo job creates (as a training job would for its loss
+# reductions); the whole mesh is also the world group, which exists anyway.
+DEMO_FLATTEN = (("dp", "cp"), ("dp", "tp"))
 DEMO_CASES = [
     # (src, dst, global shape)
     ("P,P,P", "R,S(0),R", (8, 6)),  # three reductions -> an all_reduce over dp+cp, then one over tp
-    ("P,P,P", "R,R,R", (4, 4)),  # one all_reduce over the world group
+    ("P,P,P", "R,R,R", (4, 4)),  # two all_reduces: under gloo one over the world costs more
     ("S(0),S(0),S(1)", "R,R,R", (5, 3)),  # uneven: an exact all_gather over dp+cp (torch's merge is wrong)
     ("S(0),S(0),R", "S(1),S(1),R", (6, 8)),  # one all_to_all over dp+cp
 ]
 
 
 def _demo_spec():
+    """The mesh as the ranks' planner sees it: the gloo profile, the flattened meshes,
+    and the world group, which redist_opt may use and torch's merge pass does not."""
     sizes, names = DEMO_MESH
-    # The backend the ranks run on: the plans explained are the ones they run (gloo's cost profile).
-    return redist_opt.MeshSpec(sizes=sizes, names=names, flattened=["+".join(f) for f in DEMO_FLATTEN], backend="gloo")
+    flats = ["+".join(f) for f in DEMO_FLATTEN]
+    return redist_opt.MeshSpec(sizes=sizes, names=names, flattened=flats + ["+".join(names)], torch_flattened=flats,
+                               backend="gloo")
 
 
 def _demo_worker(rank: int, world: int) -> list[dict]:
