@@ -64,7 +64,7 @@ import torch.fx as fx
 
 from redist_opt.api.specs import cache_generation
 from redist_opt.graph.chain import Chain, ChainOp
-from redist_opt.runtime.consensus import check_compiled_profile
+from redist_opt.runtime.consensus import check_compiled_profile, needs_agreement
 from redist_opt.runtime.torch_dtensor import default_store
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
@@ -121,9 +121,9 @@ class SliceAgreement:
         chain planning and combining would then differ by rank
         (:func:`~redist_opt.runtime.consensus.check_compiled_profile`, once per ranks and
         ``cost``). Not with facts given by the caller (``all_gather``, ``store``)."""
-        if self.all_gather is not None or self.store is not None:
-            return
         given = [c for c in contexts if c.given] or contexts  # not a sibling view's whole root
+        if self.all_gather is not None or self.store is not None or not needs_agreement(given[0].device_mesh):
+            return
         ranks = {r for c in given for r in c.ranks_of(c.scope_dims)}
         # After a slice round of these ranks that not all joined, theirs is not waited for again
         timeout_s = 0.0 if self._aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
