@@ -330,8 +330,10 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
         # exits closes its gloo connections, which would turn its peers' hang in a
         # collective it never issued into an error, unlike a job whose ranks go on.
         # No destroy_process_group: a rank whose peers are gone would block in it.
-        # The grace covers a peer whose watchdog fires late on a loaded machine.
-        _wait_for_reports(out_dir, world, start + bound_s + _KILL_GRACE_S)
+        # Counted from now, not from this rank's start: every peer started before the
+        # rendezvous, so its watchdog fires within bound_s of now, however late it
+        # started (importing torch on a loaded machine); the grace covers a late firing.
+        _wait_for_reports(out_dir, world, time.monotonic() + bound_s + _KILL_GRACE_S)
         os._exit(exitcode)
 
     def watchdog():
