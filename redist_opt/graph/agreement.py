@@ -84,6 +84,7 @@ class Agreed:
     dims: dict[fx.Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     failed: dict[fx.Node, str] = dataclasses.field(default_factory=dict)
     notes: dict[fx.Node, str] = dataclasses.field(default_factory=dict)  # slice -> note
+    aborted_ranks: tuple | None = None  # the ranks of the round, when it aborted
 
 
 class SliceAgreement:
@@ -99,7 +100,6 @@ class SliceAgreement:
         self.timeout_s = timeout_s
         self.store, self.rank = store, rank  # a store and this rank's id (tests; default: the default group's)
         self._rounds: collections.Counter = collections.Counter()
-        self._aborted_ranks: tuple | None = None  # the ranks of the last round, if it aborted
         self._generation = cache_generation()
 
     @property
@@ -115,18 +115,19 @@ class SliceAgreement:
         self._rounds[digest] += 1
         return f"{self._generation}/{digest}/{self._rounds[digest]}"
 
-    def check_profile(self, contexts, cost) -> None:
+    def check_profile(self, contexts, cost, aborted_ranks: tuple | None = None) -> None:
         """Raise :class:`~redist_opt.runtime.consensus.AgreementError` on every rank that
         compiles this program when they would price it with different cost profiles:
         chain planning and combining would then differ by rank
         (:func:`~redist_opt.runtime.consensus.check_compiled_profile`, once per ranks and
-        ``cost``). Not with facts given by the caller (``all_gather``, ``store``)."""
+        ``cost``). Not with facts given by the caller (``all_gather``, ``store``).
+        ``aborted_ranks``: the ranks of this graph's slice round, if it aborted."""
         given = [c for c in contexts if c.given] or contexts  # not a sibling view's whole root
         if self.all_gather is not None or self.store is not None or not needs_agreement(given[0].device_mesh):
             return
         ranks = {r for c in given for r in c.ranks_of(c.scope_dims)}
         # After a slice round of these ranks that not all joined, theirs is not waited for again
-        timeout_s = 0.0 if self._aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
+        timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
         if not check_compiled_profile(given[0].device_mesh, given[0].spec, cost, ranks, timeout_s):
             warnings.warn(f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
                           f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
@@ -136,7 +137,6 @@ class SliceAgreement:
         """Mesh dims for every slice of ``chains`` (one round for all of them)."""
         out = Agreed()
         pending = _pending(chains, out)
-        self._aborted_ranks = None
         if not pending:
             return out
         ranks = tuple(sorted({r for c, _ in pending for r in c.ctx.ranks_of(_scope(c, chains))}))
@@ -153,7 +153,7 @@ class SliceAgreement:
             else:
                 key = self._round_key((_structure(graph), texts, ranks))
                 verdict = _Round(store, key, ranks, self.timeout_s, me).run(mine, texts)
-        self._aborted_ranks = ranks if verdict[0] == "abort" else None
+        out.aborted_ranks = ranks if verdict[0] == "abort" else None
         _resolve(pending, mine, verdict, ranks, self.timeout_s, me, out)
         return out
 

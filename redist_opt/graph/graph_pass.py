@@ -231,9 +231,9 @@ def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=Tru
     chains, not_raised = find_chains(graph, contexts) if contexts else ([], [])
     if not contexts and count_collectives(graph):
         not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
-    failed, notes = _agree(graph, chains, agreement)
+    failed, notes, aborted_ranks = _agree(graph, chains, agreement)
     if contexts and count_collectives(graph):  # chains and combining are priced: the same profile everywhere
-        agreement.check_profile(contexts, cost)
+        agreement.check_profile(contexts, cost, aborted_ranks)
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()
@@ -283,7 +283,7 @@ def _agree(graph, chains: list[Chain], agreement: SliceAgreement):
     the part of a chain after a slice that could not be agreed is appended to
     ``chains`` as a chain of its own (its collectives can still be rewritten).
     Returns ({chain index: (position of the first unagreed slice, why)},
-    {chain index: a note on where its slice dims came from})."""
+    {chain index: a note on where its slice dims came from}, the round's ranks if it aborted)."""
     agreed = agreement.agree(graph, chains)
     failed: dict[int, tuple[int, str]] = {}
     notes: dict[int, str] = {}
@@ -304,7 +304,7 @@ def _agree(graph, chains: list[Chain], agreement: SliceAgreement):
             if first in agreed.notes:
                 notes[ci] = agreed.notes[first]
         ci += 1
-    return failed, notes
+    return failed, notes, agreed.aborted_ranks
 
 
 def _settle(chain: Chain, failure, not_raised: list) -> bool:

@@ -340,21 +340,21 @@ return add_tensor""")
         self.assertIn("# combined: 2", text)
         self.assertEqual(text.count("all_reduce.default"), 1)
 
+    @staticmethod
+    def _two_all_reduces(shape, ops=("sum", "sum")) -> str:
+        """The combined graph's text of two all_reduces over group "7" of inputs of ``shape``."""
+        g = G()
+        cs = [g.call(C10D.all_reduce.default, g.x(name, shape), op, "7") for name, op in zip("ab", ops)]
+        return g.text(*(g.wait(c) for c in cs))
+
     def test_different_reduce_ops_are_not_combined(self):
         # legality 2
-        g = G()
-        a, b = g.x("a", (4,)), g.x("b", (4,))
-        c1 = g.call(C10D.all_reduce.default, a, "sum", "7")
-        c2 = g.call(C10D.all_reduce.default, b, "avg", "7")
-        self.assertIn("# combined: 0", g.text(g.wait(c1), g.wait(c2)))
+        self.assertIn("# combined: 0", self._two_all_reduces((4,), ("sum", "avg")))
 
     def test_reductions_past_the_latency_bound_are_not_combined(self):
-        # legality 4: 2 x 768 B in
-        g = G()
-        a, b = g.x("a", (192,)), g.x("b", (192,))
-        c1 = g.call(C10D.all_reduce.default, a, "sum", "7")
-        c2 = g.call(C10D.all_reduce.default, b, "sum", "7")
-        self.assertIn("# combined: 0", g.text(g.wait(c1), g.wait(c2)))
+        # legality 4: 2 x 768 B in; the same two at 16 B each are combined
+        self.assertIn("# combined: 0", self._two_all_reduces((192,)))
+        self.assertIn("# combined: 1", self._two_all_reduces((4,)))
 
     def test_values_reduce_scatter_and_all_reduce(self):
         g = G()
