@@ -43,7 +43,7 @@ import redist_opt
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.runtime.execute import execute
-from redist_opt.tools.args import CliError, load_profile, mesh_spec
+from redist_opt.tools.args import CliError, cost_model, mesh_spec
 from redist_opt.tools.corpus import load_corpus
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, timed_samples
@@ -290,7 +290,7 @@ def told_apart(models: Sequence[CostModel], sources: Sequence[str]) -> list[Cost
 def cmd_decisions(args) -> int:
     """``python -m benchmarks.decisions``: exit 0, 1 when the alternatives' results disagree."""
     names = args.profile or ["gloo"]
-    models = told_apart([load_profile("--profile", n) for n in names], names)
+    models = told_apart([cost_model("--profile", n, None)[0] for n in names], names)
     cases = decision_cases(args.corpus)
     print(f"decision accuracy: {len(cases)} cases (corpus 8-rank cases and 2x2x2 / 2x4 extras at "
           f"{', '.join(str(t) for t in DEFAULT_TARGETS)} bytes), profiles {', '.join(m.name for m in models)}; "

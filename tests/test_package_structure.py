@@ -191,7 +191,7 @@ def test_the_command_line_imports_a_command_when_it_runs():
     code = "import sys; from redist_opt.tools import cli; cli.build_parser(); print('\\n'.join(sorted(sys.modules)))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert "redist_opt.tools.cli" in loaded
-    commands = {"bench", "calibrate", "quality", "quality_report", "demo", "advise", "timing"}
+    commands = {"bench", "calibrate", "quality", "quality_report", "demo", "timing"}
     assert not {f"redist_opt.tools.{m}" for m in commands} & loaded
 
 

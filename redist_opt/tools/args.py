@@ -31,7 +31,6 @@ __all__ = [
     "parse_size_list",
     "format_size",
     "mesh_spec",
-    "load_profile",
     "cost_model",
     "check_samples",
     "DEFAULT_BENCH_SIZES",
@@ -44,7 +43,7 @@ DEFAULT_CALIBRATE_SIZES = "4,64,1KiB..1MiB*4"
 DEFAULT_BENCH_SIZES = "1KiB..4MiB*8"
 
 
-class CliError(Exception):
+class CliError(ValueError):
     """A bad command-line value; the message names the flag."""
 
 
@@ -54,10 +53,7 @@ def parse_mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
         text = text.replace("x", ",")
     sizes, names = [], []
     for i, part in enumerate(p for p in text.split(",") if p.strip()):
-        if "=" in part:
-            name, size = part.split("=", 1)
-        else:
-            name, size = f"d{i}", part
+        name, size = part.split("=", 1) if "=" in part else (f"d{i}", part)
         try:
             sizes.append(int(size))
         except ValueError:
@@ -149,9 +145,6 @@ def mesh_spec(text: str, flatten: list[str]) -> MeshSpec:
             raise CliError(f"--mesh: {text!r} has a dim without a name (give name=size)")
         if not name.isidentifier():
             raise CliError(f"--mesh: dim name {name!r} must be an identifier such as dp or tp")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise CliError(f"--mesh: dim name {dup[0]!r} is given twice")
     try:
         spec = MeshSpec(sizes=sizes, names=names)
     except RedistributeError as e:
@@ -168,26 +161,16 @@ def mesh_spec(text: str, flatten: list[str]) -> MeshSpec:
     return spec.with_flattened(groups) if groups else spec
 
 
-def load_profile(flag: str, profile: str) -> CostModel:
-    """A built-in cost profile by name, or one written by ``redist-opt calibrate``."""
+def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spec=None) -> tuple[CostModel, str]:
+    """(model, where it came from): the profile given with ``flag`` (a built-in name or a
+    file from ``redist-opt calibrate``), else ``$REDIST_OPT_COST_PROFILE`` or the backend
+    of ``spec``; then ``--devices-per-host``."""
     try:
-        return cost.load_profile(profile)
+        model, source = resolve(spec) if profile is None else (cost.load_profile(profile), f"{flag} {profile}")
     except OSError as e:
         raise CliError(f"{flag}: cannot read {profile!r}: {e.strerror or e}") from None
     except ValueError as e:
-        raise CliError(f"{flag}: {e}") from None
-
-
-def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spec=None) -> tuple[CostModel, str]:
-    """(model, where it came from): the profile given with ``flag``, else
-    ``$REDIST_OPT_COST_PROFILE`` or the backend of ``spec``; then ``--devices-per-host``."""
-    if profile is None:
-        try:
-            model, source = resolve(spec)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-    else:
-        model, source = load_profile(flag, profile), f"{flag} {profile}"
+        raise CliError(f"{flag}: {e}" if profile is not None else str(e)) from None
     if devices_per_host is not None:
         if devices_per_host < 1:
             raise CliError(f"--devices-per-host: {devices_per_host} must be >= 1")

@@ -15,6 +15,7 @@ import math
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Sequence
 
 import torch
@@ -26,7 +27,7 @@ import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-from redist_opt.tools.args import CliError, check_samples, format_size, load_profile, parse_size_list
+from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
 
@@ -36,29 +37,15 @@ __all__ = ["planning_bench", "format_planning", "exact_input", "run_variants", "
 
 # -- bench: planning speed ---------------------------------------------------------------
 
-PLANNING_CASE = dict(
-    sizes=(8, 16, 32, 32),
-    names=("pp", "dp", "cp", "tp"),
-    flattened=(("dp", "cp"), ("cp", "tp")),
-    src="P,P,S(0),R",
-    dst="R,S(0),R,R",
-    shape=(4096, 1024),
-)
+# A 4-D job of 131,072 ranks: (mesh dims, flattened dims, src, dst, global shape).
+PLANNING_CASE = (dict(pp=8, dp=16, cp=32, tp=32), (("dp", "cp"), ("cp", "tp")), "P,P,S(0),R", "R,S(0),R,R", (4096, 1024))
 
 
-def _times(fn, n: int, *, before=None, warm: bool = False) -> list[float]:
-    """Seconds per call of ``fn``, ``n`` calls; ``before()`` runs untimed before each call
-    (clearing caches), ``warm``: a few untimed calls first (the first calls after a clear allocate)."""
-    for _ in range(min(n, 200) if warm else 0):
+def _cached_times(fn, n: int) -> list[float]:
+    """Seconds per call of ``fn``, ``n`` calls, after untimed ones that fill the caches and allocate."""
+    for _ in range(min(n, 200)):
         fn()
-    ts = []
-    for _ in range(n):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return ts
+    return timeit.repeat(fn, number=1, repeat=n)
 
 
 def _timing_row(what: str, mode: str, ts: Sequence[float]) -> dict:
@@ -69,40 +56,39 @@ def _timing_row(what: str, mode: str, ts: Sequence[float]) -> dict:
 
 def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel | None = None) -> dict:
     """Microseconds per ``plan`` and ``plan`` + ``optimize`` call, uncached and cached."""
-    c = PLANNING_CASE
-    spec = redist_opt.MeshSpec(sizes=c["sizes"], names=c["names"], flattened=c["flattened"])
+    dims, flattened, src, dst, shape = PLANNING_CASE
+    spec = redist_opt.MeshSpec(sizes=tuple(dims.values()), names=tuple(dims), flattened=flattened)
 
     def do_plan():
-        return redist_opt.plan(spec, c["src"], c["dst"], shape=c["shape"])
+        return redist_opt.plan(spec, src, dst, shape=shape)
 
     def do_both():
         return redist_opt.optimize(do_plan(), groups="existing", cost=cost)
+
+    def uncached(fn):  # timeit runs the setup, clearing every cache, before each timed call
+        return timeit.repeat(fn, setup=redist_opt.clear_caches, number=1, repeat=runs)
 
     # Uncached optimize alone: planned once, then every cache cleared before each
     # call (the plan is given, so clearing the plan cache does not touch it).
     p = do_plan()
     rows = [
-        ("plan", "uncached", _times(do_plan, runs, before=redist_opt.clear_caches)),
-        ("optimize", "uncached",
-         _times(lambda: redist_opt.optimize(p, groups="existing", cost=cost), runs, before=redist_opt.clear_caches)),
-        ("plan+optimize", "uncached", _times(do_both, runs, before=redist_opt.clear_caches)),
-    ]  # fmt: skip
+        ("plan", "uncached", uncached(do_plan)),
+        ("optimize", "uncached", uncached(lambda: redist_opt.optimize(p, groups="existing", cost=cost))),
+        ("plan+optimize", "uncached", uncached(do_both)),
+    ]
     do_both()
     # The eager hot path: what redist_opt.redistribute does per call once planned
     # (Placement objects in, one dictionary lookup for the naive and optimized plans).
-    placements = [redist_opt.parse_placements(c[k]) for k in ("src", "dst")]
-    hot_key = (spec, *placements, tuple(c["shape"]), torch.float32, redist_opt.PlanOptions(cost=cost))
+    placements = [redist_opt.parse_placements(text) for text in (src, dst)]
+    hot_key = (spec, *placements, shape, torch.float32, redist_opt.PlanOptions(cost=cost))
     rows += [
-        ("plan", "cached", _times(do_plan, cached_runs, warm=True)),
-        ("plan+optimize", "cached", _times(do_both, cached_runs, warm=True)),
-        ("redistribute hot path", "cached", _times(lambda: plans_for(*hot_key), cached_runs, warm=True)),
+        ("plan", "cached", _cached_times(do_plan, cached_runs)),
+        ("plan+optimize", "cached", _cached_times(do_both, cached_runs)),
+        ("redistribute hot path", "cached", _cached_times(lambda: plans_for(*hot_key), cached_runs)),
     ]
-    case = {k: c[k] for k in ("src", "dst")} | dict(
-        mesh=spec.shape_str, flattened=["+".join(f) for f in c["flattened"]], shape=list(c["shape"]),
-        ranks=spec.num_ranks,
-    )  # fmt: skip
     return {
-        "case": case,
+        "case": dict(src=src, dst=dst, mesh=spec.shape_str, flattened=["+".join(f) for f in flattened],
+                     shape=list(shape), ranks=spec.num_ranks),  # fmt: skip
         "cost_profile_used": cost is not None,
         "collectives": do_both().num_collectives,
         "timings": {f"{what} {mode}": _timing_row(what, mode, ts) for what, mode, ts in rows},
@@ -114,11 +100,11 @@ def format_planning(res: dict) -> str:
     lines = [
         f"planning speed: {c['src']} -> {c['dst']}, shape {tuple(c['shape'])}, mesh {c['mesh']} "
         f"({c['ranks']} ranks), flattened {', '.join(c['flattened'])}",
-        f"{'call':<16} {'mode':<9} {'runs':>6} {'median us':>10} {'p10 us':>9} {'p90 us':>9}",
+        f"{'call':<21} {'mode':<9} {'runs':>6} {'median us':>10} {'p10 us':>9} {'p90 us':>9}",
     ]
     for t in res["timings"].values():
         lines.append(
-            f"{t['what']:<16} {t['mode']:<9} {t['runs']:>6} {t['median_us']:>10.1f} "
+            f"{t['what']:<21} {t['mode']:<9} {t['runs']:>6} {t['median_us']:>10.1f} "
             f"{t['p10_us']:>9.1f} {t['p90_us']:>9.1f}"
         )
     return "\n".join(lines)
@@ -190,45 +176,36 @@ def bench_shape(nbytes: int, itemsize: int = 4) -> tuple[int, int]:
     return rows, numel // rows
 
 
-def _wall_worker(rank: int, world: int, cases, sizes, iters: int, warmup: int, cost_dict) -> list:
-    sizes_, names = WALL_MESH
-    mesh = init_device_mesh("cpu", sizes_, mesh_dim_names=names)
-    # A flattened a+b group, so torch's merge pass (and our groups="existing") can merge.
-    mesh[names]._flatten()
-    cost = CostModel.from_dict(cost_dict) if cost_dict is not None else None
-    return [
-        run_variants(mesh, src, dst, bench_shape(nbytes), rank, iters=iters, warmup=warmup, cost=cost)
-        for src, dst in cases for nbytes in sizes
-    ]  # fmt: skip
+def _wall_worker(rank: int, world: int, mesh_dims, flatten, points, iters: int, warmup: int, cost) -> list:
+    mesh = init_device_mesh("cpu", mesh_dims[0], mesh_dim_names=mesh_dims[1])
+    for dims in flatten:  # so torch's merge pass (and our groups="existing") can merge
+        mesh[dims]._flatten()
+    return [run_variants(mesh, src, dst, shape, rank, iters=iters, warmup=warmup, cost=cost)
+            for src, dst, shape in points]  # fmt: skip
 
 
 def wall_bench(
-    sizes: Sequence[int],
-    cases: Sequence[tuple[str, str]] = tuple(WALL_CASES),
-    *,
-    iters: int = 15,
-    warmup: int = 2,
-    cost: CostModel | None = None,
-    timeout: float = 300.0,
+    points: Sequence[tuple[str, str, tuple[int, ...]]], *, mesh=WALL_MESH, flatten=(WALL_MESH[1],), iters: int = 15,
+    warmup: int = 2, cost: CostModel | None = None, timeout: float = 300.0,
 ) -> dict:
-    world = math.prod(WALL_MESH[0])
-    cost_dict = cost.to_dict() if cost is not None else None
+    """Each (src, dst, global shape) of ``points`` run three ways (:func:`run_variants`) on
+    one gloo rank per position of ``mesh`` (sizes, names), with the ``flatten`` dims'
+    flattened meshes created: per point the medians, ours/torch and its noise."""
+    world = math.prod(mesh[0])
     t0 = time.perf_counter()
-    per_rank = run_ranks(
-        _wall_worker, world, (list(cases), list(sizes), iters, warmup, cost_dict), timeout=timeout
-    )
+    per_rank = run_ranks(_wall_worker, world, (mesh, flatten, list(points), iters, warmup, cost), timeout=timeout)
     wall = time.perf_counter() - t0
     rows = []
-    points = [(src, dst, nbytes) for src, dst in cases for nbytes in sizes]
-    for i, (src, dst, nbytes) in enumerate(points):
+    for i, (src, dst, shape) in enumerate(points):
         stats = {v: Stat.of([r[i]["samples"][k] for r in per_rank]) for k, v in enumerate(VARIANTS)}
         t, o = stats["torch"], stats["ours"]
         noise = 3.0 * math.hypot(t.stderr, o.stderr)
         ratio = o.median / t.median if t.median > 0 else float("nan")
         rows.append(
             dict(
-                case=f"{src} -> {dst}", src=src, dst=dst, nbytes=nbytes, shape=list(bench_shape(nbytes)),
-                equal=all(all(r[i]["equal"].values()) for r in per_rank),
+                case=f"{src} -> {dst}", src=src, dst=dst, shape=list(shape), nbytes=math.prod(shape) * 4,
+                equal=all(r[i]["equal"]["ours"] for r in per_rank),
+                torch_equal=all(r[i]["equal"]["torch"] for r in per_rank),
                 collectives=per_rank[0][i]["collectives"],
                 **{f"{v}_ms": stats[v].median * 1e3 for v in VARIANTS},
                 **{f"{v}_stderr_ms": stats[v].stderr * 1e3 for v in VARIANTS},
@@ -239,7 +216,7 @@ def wall_bench(
             )
         )  # fmt: skip
     return {
-        "mesh": {"sizes": list(WALL_MESH[0]), "names": list(WALL_MESH[1]), "flattened": ["a+b"]},
+        "mesh": {"sizes": list(mesh[0]), "names": list(mesh[1]), "flattened": ["+".join(f) for f in flatten]},
         "ranks": world,
         "iters": iters,
         "warmup": warmup,
@@ -256,23 +233,26 @@ MIN_FLAG_RATIO = 0.05
 
 def format_wall(res: dict) -> str:
     profile = res["cost_profile"] or "default (redist_opt's default model)"
+    mesh = ",".join(f"{n}={s}" for n, s in zip(res["mesh"]["names"], res["mesh"]["sizes"]))
     lines = [
-        f"wall clock: {res['ranks']} gloo ranks, mesh a=2,b=2 with a+b flattened, "
+        f"wall clock: {res['ranks']} gloo ranks, mesh {mesh} with {', '.join(res['mesh']['flattened'])} flattened, "
         f"median of {res['iters']} samples (slowest rank), ms per redistribute; "
         f"ours: groups=existing, cost profile {profile}",
-        f"{'case':<24} {'size':>7} {'torch':>8} {'no merge':>9} {'ours':>8} {'ours/torch':>10} "
+        f"{'case':<28} {'shape':>9} {'size':>7} {'torch':>8} {'no merge':>9} {'ours':>8} {'ours/torch':>10} "
         f"{'noise':>7} {'colls':>5} {'eq':>3}  flag",
     ]
     for r in res["rows"]:
+        flags = ["SLOWER"] * r["slower"] + ["torch WRONG"] * (not r["torch_equal"])
+        shape = "x".join(map(str, r["shape"]))
         lines.append(
-            f"{r['case']:<24} {format_size(r['nbytes']):>7} {r['torch_ms']:>8.3f} "
+            f"{r['case']:<28} {shape:>9} {format_size(r['nbytes']):>7} {r['torch_ms']:>8.3f} "
             f"{r['torch_nomerge_ms']:>9.3f} {r['ours_ms']:>8.3f} {r['ratio']:>10.2f} "
             f"{r['noise_ms']:>7.3f} {'/'.join(str(r['collectives'][v]) for v in VARIANTS):>5} "
-            f"{'ok' if r['equal'] else 'NO':>3}  {'SLOWER' if r['slower'] else ''}"
+            f"{'ok' if r['equal'] else 'NO':>3}  {' '.join(flags)}"
         )
     lines.append(
-        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result of "
-        "torch and of ours equals torch's with its merge pass off, bit for bit\n"
+        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result of ours equals "
+        "torch's with its merge pass off, bit for bit (torch WRONG: torch's own merged result does not)\n"
         "noise = 3 x combined standard error of the two medians (from the samples' MAD); "
         f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"
     )
@@ -294,26 +274,6 @@ def _parse_case(text: str) -> tuple[str, str]:
     return src, dst
 
 
-def _run_wall(args, sizes, cases, cost, result: dict) -> int | None:
-    """The wall-clock part into ``result["wall"]``: 0, 1 when a result differs from
-    torch's, or None when the ranks failed (nothing to report)."""
-    print(
-        f"running {len(cases)} cases x {len(sizes)} sizes on {math.prod(WALL_MESH[0])} gloo ranks ...",
-        flush=True,
-    )
-    try:
-        res = wall_bench(sizes, cases, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
-    except SpawnError as e:
-        print(f"redist-opt bench: {e}", file=sys.stderr)
-        return None
-    result["wall"] = res
-    print(format_wall(res))
-    if not all(r["equal"] for r in res["rows"]):
-        print("MISMATCH: some results differ from torch's with its merge pass off", file=sys.stderr)
-        return 1
-    return 0
-
-
 def cmd_bench(args) -> int:
     """``redist-opt bench``: exit 0, 1 when a result differs from torch's (``--part quality``:
     when ours is worse on some case, see :mod:`redist_opt.tools.quality`)."""
@@ -324,19 +284,26 @@ def cmd_bench(args) -> int:
     sizes = parse_size_list(args.sizes)
     cases = [_parse_case(c) for c in args.case] if args.case else list(WALL_CASES)
     check_samples(args.iters, args.warmup)
-    cost = load_profile("--profile", args.profile) if args.profile else None
+    cost = cost_model("--profile", args.profile, None)[0] if args.profile else None
     result: dict = {"torch": torch.__version__, "cost_profile_path": args.profile, "load_average": loadavg()}
     note_load(end="\n\n")
     exit_code = 0
     if args.part in ("all", "planning"):
-        res = planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
-        result["planning"] = res
-        print(format_planning(res))
-        print(flush=True)
+        result["planning"] = planning_bench(runs=args.plan_runs, cached_runs=args.plan_runs * 25, cost=cost)
+        print(format_planning(result["planning"]), end="\n\n", flush=True)
     if args.part in ("all", "wall"):
-        exit_code = _run_wall(args, sizes, cases, cost, result)
-        if exit_code is None:
+        ranks = math.prod(WALL_MESH[0])
+        print(f"running {len(cases)} cases x {len(sizes)} sizes on {ranks} gloo ranks ...", flush=True)
+        points = [(src, dst, bench_shape(n)) for src, dst in cases for n in sizes]
+        try:
+            result["wall"] = wall_bench(points, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
+        except SpawnError as e:
+            print(f"redist-opt bench: {e}", file=sys.stderr)
             return 1
+        print(format_wall(result["wall"]))
+        if not all(r["equal"] for r in result["wall"]["rows"]):
+            print("MISMATCH: some of our results differ from torch's with its merge pass off", file=sys.stderr)
+            exit_code = 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

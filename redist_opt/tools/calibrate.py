@@ -1,25 +1,12 @@
 """``redist-opt calibrate``: measure collectives and fit the cost model, on spawned local
 gloo ranks or inside a launched job (``torchrun --nproc_per_node=N -m redist_opt calibrate``).
 
-The ranks time all_reduce, reduce_scatter, all_gather and all_to_all through
-``torch.distributed._functional_collectives`` on each mesh dim's groups and on the
-flattened groups of the mesh over a range of message sizes (see
-:mod:`redist_opt.tools.timing` for how a time is taken), and
-:func:`redist_opt.ir.cost_fit.fit_profile` fits the alpha-beta parameters of
-:class:`redist_opt.ir.cost.CostModel` (launch, per-step alpha, bandwidth, and whichever
-algorithm -- ring or tree -- fits better). The profile is written as JSON
-(``CostModel.load`` reads it).
-
-Without a launcher the command spawns N gloo processes on 127.0.0.1. When torchrun (or
-any launcher that sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``) started this
-process as one rank of a job, the measurement runs on the job's own backend and device
-instead: :func:`~redist_opt.tools.timing.select_device` picks NCCL with CUDA tensors and
-CUDA-event timing where CUDA is present, gloo on CPU with the wall clock otherwise; both
-go through one :class:`~redist_opt.tools.timing.Clock` interface and the same
-:func:`measure_collectives`. ``LOCAL_WORLD_SIZE`` is the profile's ``devices_per_host``:
-with 2+ hosts the ranks also measure a host's group (intra) and the groups across hosts
-(inter). Every rank sends its samples to rank 0, which fits and writes the profile; the
-others write nothing.
+The ranks time all_reduce, reduce_scatter, all_gather and all_to_all (funcol) over a
+range of sizes on each mesh dim's groups, the flattened sets of dims and, with 2+
+hosts (``LOCAL_WORLD_SIZE`` is the profile's ``devices_per_host``), a host's ranks and
+the ranks across hosts; :func:`redist_opt.ir.cost_fit.fit_profile` fits the profile,
+which rank 0 writes as JSON. A launched job measures on its own backend and device
+(:func:`~redist_opt.tools.timing.select_device`). Method: docs/design.md, "Cost profiles".
 """
 
 from __future__ import annotations
@@ -84,14 +71,15 @@ def _host_groups(world: int, devices_per_host: int | None) -> list[tuple[str, in
 
 
 def measure_collectives(
-    mesh_sizes, names, sizes, iters: int, warmup: int, *, device=None, clock: Clock | None = None,
+    mesh_sizes, names, sizes, iters: int, warmup: int, *, clock: Clock | None = None,
     devices_per_host: int | None = None,
 ) -> dict:
     """Time every collective kind over the mesh's groups (each dim, the flattened whole
     mesh, and with ``devices_per_host`` below the world, a host's and across hosts) on
     the calling rank of an initialized process group; samples per point, this rank's."""
     start = time.perf_counter()
-    device = torch.device(device or "cpu")
+    clock = clock or Clock()
+    device = clock.device
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, tuple(mesh_sizes), mesh_dim_names=tuple(names))
     spec = MeshSpec(sizes=tuple(mesh_sizes), names=tuple(names))
@@ -136,14 +124,12 @@ def measure_collectives(
     return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
 
 
-def validate_request(nprocs: int, mesh_sizes: Sequence[int], names: Sequence[str] | None,
-                     count: str = "--nprocs") -> tuple:
-    """(mesh sizes, names) checked against the rank count (``count`` names where it came
-    from); ValueError names the problem."""
+def validate_request(mesh_sizes: Sequence[int], names: Sequence[str] | None, world: int | None = None) -> tuple:
+    """(mesh sizes, names), checked against a launched job's ``world``; ValueError names the problem."""
     mesh_sizes = tuple(int(s) for s in mesh_sizes)
     names = tuple(names or (f"d{i}" for i in range(len(mesh_sizes))))
-    if math.prod(mesh_sizes) != nprocs:
-        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but {count} is {nprocs}")
+    if world is not None and math.prod(mesh_sizes) != world:
+        raise ValueError(f"mesh {mesh_sizes} has {math.prod(mesh_sizes)} ranks but WORLD_SIZE is {world}")
     if all(s == 1 for s in mesh_sizes):
         raise ValueError(f"mesh {mesh_sizes} has no dim with 2+ ranks: nothing to measure")
     return mesh_sizes, names
@@ -192,14 +178,14 @@ def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names,
 
 
 def calibrate(
-    nprocs: int, mesh_sizes: Sequence[int], names: Sequence[str] | None, sizes: Sequence[int], *,
+    mesh_sizes: Sequence[int], names: Sequence[str] | None, sizes: Sequence[int], *,
     iters: int, warmup: int, timeout: float,
 ) -> tuple[CostModel, dict]:
-    """Measure on ``nprocs`` spawned gloo ranks and fit; returns (model, calibration record)."""
-    mesh_sizes, names = validate_request(nprocs, mesh_sizes, names)
+    """Measure on one spawned gloo rank per mesh position and fit; returns (model, calibration record)."""
+    mesh_sizes, names = validate_request(mesh_sizes, names)
     t0 = time.perf_counter()
     per_rank = run_ranks(
-        _calibrate_worker, nprocs, (mesh_sizes, names, list(sizes), iters, warmup), timeout=timeout
+        _calibrate_worker, math.prod(mesh_sizes), (mesh_sizes, names, list(sizes), iters, warmup), timeout=timeout
     )
     return _fit(per_rank, "gloo", "cpu", mesh_sizes, names, sizes, iters, warmup, t0, mode="spawn")
 
@@ -295,31 +281,25 @@ def calibrate_launched(
     iters: int, warmup: int, timeout: float,
 ) -> tuple[CostModel, dict] | None:
     """Measure on the launched job's ranks; (model, record) on rank 0, None elsewhere."""
-    mesh_sizes, names = validate_request(launch.world, mesh_sizes, names, "WORLD_SIZE")
-    choice = select_device(launch.local_rank)
+    mesh_sizes, names = validate_request(mesh_sizes, names, launch.world)
+    backend, clock = select_device(launch.local_rank)
     t0 = time.perf_counter()
-    owned = not dist.is_initialized()  # then we initialize it, and must destroy it
-    if owned:
-        if choice.device.type != "cpu":
-            torch.accelerator.set_device_index(choice.device.index)
-        dist.init_process_group(
-            choice.backend, rank=launch.rank, world_size=launch.world, timeout=datetime.timedelta(seconds=timeout)
-        )
+    if clock.device.type != "cpu":
+        torch.accelerator.set_device_index(clock.device.index)
+    timeout_td = datetime.timedelta(seconds=timeout)
+    dist.init_process_group(backend, rank=launch.rank, world_size=launch.world, timeout=timeout_td)
     try:
         with quiet_torch_logs():
-            mine = measure_collectives(
-                mesh_sizes, names, list(sizes), iters, warmup, device=choice.device, clock=choice.clock,
-                devices_per_host=launch.devices_per_host,
-            )  # fmt: skip
+            mine = measure_collectives(mesh_sizes, names, list(sizes), iters, warmup, clock=clock,
+                                       devices_per_host=launch.devices_per_host)  # fmt: skip
         per_rank = [None] * launch.world if launch.rank == 0 else None
         dist.gather_object(mine, per_rank, dst=0)
     finally:
-        if owned:
-            dist.destroy_process_group()
+        dist.destroy_process_group()
     if launch.rank != 0:
         return None
     return _fit(
-        per_rank, choice.backend, str(choice.device.type), mesh_sizes, names, sizes, iters, warmup, t0,
+        per_rank, backend, clock.device.type, mesh_sizes, names, sizes, iters, warmup, t0,
         mode="launched", devices_per_host=launch.devices_per_host, local_world_size=launch.local_world,
     )  # fmt: skip
 
@@ -334,8 +314,6 @@ def cmd_calibrate(args) -> int:
     sizes = parse_size_list(args.sizes)
     check_samples(args.iters, args.warmup)
     if launch is not None:
-        if args.nprocs is not None and args.nprocs != launch.world:
-            raise CliError(f"--nprocs {args.nprocs}: the launcher started {launch.world} ranks (WORLD_SIZE)")
         try:
             result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
                                         timeout=args.timeout)  # fmt: skip
@@ -344,18 +322,15 @@ def cmd_calibrate(args) -> int:
         if result is None:  # not rank 0: rank 0 reports and writes
             return 0
         return _report_calibration(args, *result)
-    nprocs = args.nprocs if args.nprocs is not None else math.prod(mesh_sizes)
     print(
-        f"calibrating: {nprocs} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
+        f"calibrating: {math.prod(mesh_sizes)} gloo ranks, mesh {'x'.join(map(str, mesh_sizes))}, "
         f"{len(sizes)} sizes {format_size(sizes[0])}..{format_size(sizes[-1])}, "
         f"{len(KINDS)} collectives, {args.iters} samples each ...",
         flush=True,
     )
     note_load()
     try:
-        model, record = calibrate(
-            nprocs, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
-        )
+        model, record = calibrate(mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout)
     except ValueError as e:
         raise CliError(str(e)) from None
     except SpawnError as e:

@@ -2,7 +2,8 @@
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
 Values shared by the commands are parsed in :mod:`redist_opt.tools.args`. ``explain``
-runs here; every other command runs in its own module, imported when it runs.
+and ``advise`` run here (they need no module the parser does not load already); every
+other command runs in its own module, imported when it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import sys
 
 import redist_opt
+from redist_opt.api.advice import mesh_spec_of_record
+from redist_opt.api.recording import Recording
 from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
@@ -26,16 +29,10 @@ __all__ = ["main", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """``one_line_errors``: a usage error is one line naming the argument, exit 2
-    (``explain``); otherwise argparse's usage and error."""
-
-    def __init__(self, *args, one_line_errors: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.one_line_errors = one_line_errors
+    """A usage error is one line naming the argument, exit 2, like every other bad value
+    (argparse would print the whole usage first). Subcommands' parsers are of this class too."""
 
     def error(self, message: str):
-        if not self.one_line_errors:
-            super().error(message)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
@@ -86,7 +83,7 @@ def _explain_optimize(args, naive, model):
         raise
 
 
-def _explain_write(flag: str, path: str, render) -> None:
+def _write_file(flag: str, path: str, render) -> None:
     try:
         text = render()
     except ValueError as e:
@@ -95,7 +92,7 @@ def _explain_write(flag: str, path: str, render) -> None:
         visualize.write_text(path, text)
     except OSError as e:
         raise CliError(f"{flag}: cannot write {path!r}: {e.strerror or e}") from None
-    print(f"redist-opt explain: wrote {path}", file=sys.stderr)
+    print(f"redist-opt: wrote {path}", file=sys.stderr)
 
 
 def cmd_explain(args) -> int:
@@ -112,9 +109,9 @@ def cmd_explain(args) -> int:
     # Files first: an error there must not leave half the output on stdout.
     plans = [("naive", naive), ("optimized", optimized)]
     if args.svg:
-        _explain_write("--svg", args.svg, lambda: visualize.plan_graph_svg(plans))
+        _write_file("--svg", args.svg, lambda: visualize.plan_graph_svg(plans))
     if args.mesh_svg:
-        _explain_write("--mesh-svg", args.mesh_svg, lambda: visualize.mesh_svg(spec, plans))
+        _write_file("--mesh-svg", args.mesh_svg, lambda: visualize.mesh_svg(spec, plans))
 
     kwargs = dict(cost_model=model, groups=args.groups, rank_limit=args.rank_lists, cost_source=source)
     if args.format == "json":
@@ -126,6 +123,30 @@ def cmd_explain(args) -> int:
     if args.dump_dir is not None:
         n = len([f for f in os.listdir(args.dump_dir) if f.endswith(".txt")])
         print(f"redist-opt explain: {n} pass dump(s) (.txt + .dot) in {args.dump_dir}", file=sys.stderr)
+    return 0
+
+
+# -- advise ------------------------------------------------------------------------------
+
+
+def cmd_advise(args) -> int:
+    """``redist-opt advise step.json [more.json ...]``: the flattened groups to create for a
+    step recorded with ``redist_opt.record()`` (several files, one per rank, are merged)."""
+    try:
+        rec = Recording.merge(args.recording)
+    except OSError as e:
+        raise CliError(f"cannot read {e.filename!r}: {e.strerror or e}") from None
+    model, source = None, "given"
+    if args.profile is not None or args.devices_per_host is not None:
+        spec = mesh_spec_of_record(rec.meshes[0]) if rec.meshes else None
+        model, source = cost_model("--profile", args.profile, args.devices_per_host, spec)
+    advice = rec.advise(max_new_groups=args.max_new_groups, cost=model, cost_source=source)
+    if args.svg:
+        _write_file("--svg", args.svg, advice.to_svg)
+    if args.format == "json":
+        print(json.dumps(advice.to_dict(), indent=1))
+    else:
+        print(advice, end="")
     return 0
 
 
@@ -179,10 +200,9 @@ def _add_explain_arguments(ex) -> None:
 
 
 def _add_calibrate_arguments(p) -> None:
-    p.add_argument("--nprocs", type=int, default=None, help="gloo processes (default: the mesh's size)")
     p.add_argument("--mesh", default=None,
-                   help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2 (default: 2,2 spawned locally; under torchrun "
-                   "the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
+                   help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2: one gloo process per rank (default: 2,2 spawned "
+                   "locally; under torchrun the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
     _add_measuring_arguments(p, DEFAULT_CALIBRATE_SIZES, "message sizes per rank", iters=7)
     p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
@@ -261,7 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the naive and optimized plans of one redistribution: collectives, "
         "groups (dim names, layout, ranks), bytes per rank, modelled time, and why merges were "
         "or were not made.",
-        one_line_errors=True,
     )
     _add_explain_arguments(ex)
     ex.set_defaults(func=cmd_explain)
@@ -288,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         "collectives, bytes and modelled time per step with torch, the existing groups and the advised ones.",
     )
     _add_advise_arguments(adv)
-    adv.set_defaults(func=_command("redist_opt.tools.advise:cmd_advise"))
+    adv.set_defaults(func=cmd_advise)
     return parser
 
 

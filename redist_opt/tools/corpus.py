@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 from collections import Counter
 from importlib import resources
 
@@ -18,7 +19,7 @@ import torch
 
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError, normalize_placements, parse_placements
-from redist_opt.tools.args import CliError, mesh_spec, parse_dtype
+from redist_opt.tools.args import mesh_spec, parse_dtype
 
 __all__ = ["CATEGORIES", "CorpusCase", "DEFAULT_CORPUS", "load_corpus"]
 
@@ -41,38 +42,28 @@ class CorpusCase:
     shape: tuple[int, ...]
     dtype: str
 
+    # Each raises a ValueError for a bad value (:func:`load_corpus` names the case).
+
     def spec(self) -> MeshSpec:
         """The rank-free MeshSpec, built as ``redist-opt explain`` builds it."""
-        try:
-            return mesh_spec(self.mesh, list(self.flatten))
-        except (CliError, RedistributeError) as e:
-            raise ValueError(f"corpus case {self.id!r}: {e}") from None
+        return mesh_spec(self.mesh, list(self.flatten))
 
     def torch_dtype(self) -> torch.dtype:
-        try:
-            return parse_dtype(self.dtype)
-        except CliError as e:
-            raise ValueError(f"corpus case {self.id!r}: {e}") from None
+        return parse_dtype(self.dtype)
 
     def placements(self):
-        """(src, dst) as normalized torch placements (raises ValueError naming the case)."""
-        spec = self.spec()
-        out = []
-        try:
-            for text, role in ((self.src, "source"), (self.dst, "target")):
-                ps = parse_placements(text)
-                if len(ps) != spec.ndim:
-                    raise RedistributeError(
-                        f"{role} placements {text!r} have {len(ps)} entries for a {spec.ndim}-D mesh"
-                    )
-                # One mesh dim at a time: mixed reduce ops (P(avg) beside P) are valid
-                # torch placements even where redist_opt refuses them.
-                out.append(tuple(
-                    normalize_placements([p], mesh_shape=(n,), tensor_ndim=len(self.shape), role=role)[0]
-                    for p, n in zip(ps, spec.sizes)
-                ))
-        except RedistributeError as e:
-            raise ValueError(f"corpus case {self.id!r}: {e}") from None
+        """(src, dst) as normalized torch placements."""
+        spec, out = self.spec(), []
+        for text, role in ((self.src, "source"), (self.dst, "target")):
+            ps = parse_placements(text)
+            if len(ps) != spec.ndim:
+                raise RedistributeError(f"{role} placements {text!r} have {len(ps)} entries for a {spec.ndim}-D mesh")
+            # One mesh dim at a time: mixed reduce ops (P(avg) beside P) are valid
+            # torch placements even where redist_opt refuses them.
+            out.append(tuple(
+                normalize_placements([p], mesh_shape=(n,), tensor_ndim=len(self.shape), role=role)[0]
+                for p, n in zip(ps, spec.sizes)
+            ))  # fmt: skip
         return tuple(out)
 
 
@@ -97,24 +88,21 @@ def _case_from_dict(raw: dict, where: str) -> CorpusCase:
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
         raise ValueError(f"{where}: shape must be a list of positive integers")
     case = CorpusCase(**raw | dict(flatten=tuple(raw["flatten"]), shape=tuple(shape)))
-    spec = case.spec()  # mesh and flattened groups parse
+    try:  # the mesh, flattened groups, placements (for this mesh and tensor rank) and dtype parse
+        spec, _, _ = case.spec(), case.placements(), case.torch_dtype()
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     if any(len(spec.dims_of(g)) < 2 for g in case.flatten):
         raise ValueError(f"{where}: a flattened group of {list(case.flatten)} names fewer than 2 dims")
-    case.placements()  # placements parse for this mesh and tensor rank
-    case.torch_dtype()
     return case
 
 
 def load_corpus(path: str | os.PathLike | None = None) -> list[CorpusCase]:
     """Read and validate a corpus file (default: the shipped :data:`DEFAULT_CORPUS`)."""
-    if path is None:
-        path, text = DEFAULT_CORPUS.name, DEFAULT_CORPUS.read_text(encoding="utf-8")
-    else:
-        path = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+    source = DEFAULT_CORPUS if path is None else pathlib.Path(path)
+    path = source.name if path is None else os.fspath(path)
     try:
-        data = json.loads(text)
+        data = json.loads(source.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"corpus {path!r} is not valid JSON: {e}") from None
     raw_cases = data.get("cases") if isinstance(data, dict) else None

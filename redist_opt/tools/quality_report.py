@@ -55,20 +55,12 @@ def verdict(ours: dict, torch_row: dict) -> str:
 
 
 def find_worse(rows: list[dict]) -> list[dict]:
-    """Every (case, policy) where ours is worse than torch, with the reasons."""
-    worse = []
-    for row in rows:
-        t = row["torch"]
-        if t.get("status") != "ok":
-            continue
-        for policy in POLICIES:
-            ours = row[policy]
-            if ours.get("status") != "ok":
-                continue
-            reasons = _worse_reasons(ours, t)
-            if reasons:
-                worse.append(dict(id=row["id"], policy=policy, reasons=reasons))
-    return worse
+    """Every (case, policy) where torch and ours both ran and ours is worse, with the reasons."""
+    both_ran = [(r, policy) for r in rows for policy in POLICIES if r["torch"]["status"] == r[policy]["status"] == "ok"]
+    return [
+        dict(id=r["id"], policy=policy, reasons=reasons)
+        for r, policy in both_ran if (reasons := _worse_reasons(r[policy], r["torch"]))
+    ]  # fmt: skip
 
 
 def totals(rows: list[dict]) -> dict:
@@ -100,10 +92,6 @@ def cell(side: dict) -> str:
     return f"{side['collectives']} / {format_bytes(side['bytes'], digits='.4g')} / {fmt_us(side['time'])}"
 
 
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}" if b else "-"
-
-
 def _case_table(result: dict, worse_ids: set) -> list[str]:
     model = result["cost_model"]
     lines = [
@@ -124,12 +112,7 @@ def _case_table(result: dict, worse_ids: set) -> list[str]:
     for r in result["cases"]:
         mesh = r["mesh"] + (f" ({', '.join(r['flatten'])})" if r["flatten"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
-        cells = []
-        for side in SIDES:
-            text = cell(r[side])
-            if (r["id"], side) in worse_ids:
-                text = f"**{text} WORSE**"
-            cells.append(text)
+        cells = [f"**{cell(r[side])} WORSE**" if (r["id"], side) in worse_ids else cell(r[side]) for side in SIDES]
         lines.append(
             f"| {r['id']} | {r['category']} | {mesh} | {r['src']} -> {r['dst']} | {shape} {r['dtype']} | "
             + " | ".join(cells) + " |"
@@ -151,7 +134,7 @@ def _totals_section(tot: dict) -> list[str]:
             label, rel, cases = "torch (merge on)", "1, 1, 1", "-"
         else:
             label = f"ours groups={side}"
-            rel = ", ".join(_ratio(t[k], base[k]) for k in ("collectives", "bytes", "time"))
+            rel = ", ".join(f"{t[k] / base[k]:.3f}" if base[k] else "-" for k in ("collectives", "bytes", "time"))
             cases = f"{t['better_cases']} / {t['equal_cases']}"
         nbytes = format_bytes(t["bytes"], digits=".4g")
         lines.append(f"| {label} | {t['collectives']} | {nbytes} | {fmt_us(t['time'])} | {rel} | {cases} |")

@@ -15,7 +15,6 @@ import datetime
 import logging
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -24,18 +23,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port as free_port
 
 __all__ = ["SpawnError", "run_ranks", "free_port", "quiet_torch_logs"]
 
 
 class SpawnError(RuntimeError):
     """A rank failed (its traceback is in the message) or the ranks timed out."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk,

@@ -8,11 +8,8 @@ at small sizes) and agreed on by all ranks. A sample's time is the slowest
 rank's; a measurement is the median over samples. Its noise is the standard
 error of that median estimated from the samples' median absolute deviation.
 
-Where the time is read is a :class:`Clock`: :class:`WallClock` (``perf_counter``
-around calls that each wait for their result: CPU tensors on gloo) or
-:class:`EventClock` (``torch.cuda.Event`` pairs recorded on the current stream,
-read after a synchronize: CUDA tensors on NCCL, where a call returns before the
-device is done). :func:`select_device` picks the pair for a launched job.
+Where the time is read is a :class:`Clock` on the timed tensors' device;
+:func:`select_device` picks backend and clock for a launched job.
 """
 
 from __future__ import annotations
@@ -29,65 +26,43 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 __all__ = [
-    "Stat", "timed_samples", "wait", "loadavg", "note_load",
-    "Clock", "WallClock", "EventClock", "DeviceChoice", "select_device",
+    "Stat", "timed_samples", "wait", "loadavg", "note_load", "Clock", "select_device",
 ]
 
 
-class WallClock:
-    """Host wall clock: right where every timed call waits for its result (CPU, gloo).
-    A clock times a block of work: ``start()`` -> token, ``stop(token)`` -> seconds;
-    ``device`` is where the timed tensors (and the agreement all_reduce) live."""
+class Clock:
+    """Where a block of work is timed: ``start()`` -> token, ``stop(token)`` -> seconds.
+    On CPU the host's ``perf_counter`` (every timed call waits for its result: gloo);
+    on an accelerator, events on the current stream (``torch.Event``), since the host
+    returns from a collective before the device finishes it. ``device`` is where the
+    timed tensors (and the agreement all_reduce) live."""
 
-    device = torch.device("cpu")
-
-    def start(self):
-        return time.perf_counter()
-
-    def stop(self, token) -> float:
-        return time.perf_counter() - token
-
-
-class EventClock:
-    """Device events on the current stream (``torch.cuda.Event(enable_timing=True)``):
-    the host returns from a collective before the device finishes it, so the host
-    clock would time the launch only. ``stop`` synchronizes on the end event."""
-
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
 
     def start(self):
-        begin = torch.cuda.Event(enable_timing=True)
+        if self.device.type == "cpu":
+            return time.perf_counter()
+        begin = torch.Event(self.device, enable_timing=True)
         begin.record()
         return begin
 
     def stop(self, token) -> float:
-        end = torch.cuda.Event(enable_timing=True)
+        if self.device.type == "cpu":
+            return time.perf_counter() - token
+        end = torch.Event(self.device, enable_timing=True)
         end.record()
         end.synchronize()
         return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
 
 
-Clock = WallClock | EventClock
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceChoice:
-    """What a launched job measures on: process-group backend, device, and clock."""
-
-    backend: str  # "nccl" or "gloo"
-    device: torch.device
-    clock: Clock
-
-
-def select_device(local_rank: int = 0) -> DeviceChoice:
-    """NCCL on the local rank's CUDA device with event timing where CUDA is present,
-    else gloo on CPU with the wall clock. Only public APIs (``torch.accelerator``)."""
+def select_device(local_rank: int = 0) -> tuple[str, Clock]:
+    """(process-group backend, clock) of a launched job: NCCL on the local rank's CUDA
+    device where CUDA is present, else gloo on CPU. Only public APIs (``torch.accelerator``)."""
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if acc is not None and acc.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        return DeviceChoice("nccl", device, EventClock(device))
-    return DeviceChoice("gloo", torch.device("cpu"), WallClock())
+        return "nccl", Clock(torch.device("cuda", local_rank))
+    return "gloo", Clock()
 
 
 # A sample lasts about this long (seconds): long enough that the barrier's exit skew
@@ -114,9 +89,9 @@ def timed_samples(fns: Sequence[Callable], iters: int, warmup: int, clock: Clock
 
     Interleaving (A B C, A B C, ...) makes slow drift of the machine hit every
     variant alike, so ratios between them stay meaningful. ``clock``: where times
-    are read (default :class:`WallClock`).
+    are read (default: the host's, on CPU).
     """
-    clock = clock or WallClock()
+    clock = clock or Clock()
     for fn in fns:
         for _ in range(warmup):
             fn()

@@ -109,7 +109,6 @@ def test_planning_bench_in_process():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["calibrate", "--mesh", "2,3", "--nprocs", "4"], "has 6 ranks but --nprocs is 4"),
         (["calibrate", "--sizes", "lots"], "size 'lots'"),
         (["calibrate", "--mesh", "1,1"], "nothing to measure"),
         (["bench", "--sizes", "4MiB..1KiB"], "is empty"),

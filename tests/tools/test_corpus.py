@@ -95,7 +95,7 @@ def test_load_corpus_rejects_bad_cases(tmp_path):
     good = json.loads(DEFAULT_CORPUS.read_text(encoding="utf-8"))["cases"][0]
     for bad, match in [
         (dict(good, category="nope"), "category"),
-        (dict(good, mesh="dp=2,dp=2"), "twice"),
+        (dict(good, mesh="dp=2,dp=2"), "not unique"),
         (dict(good, flatten=["dp_shard+zz"]), "zz"),
         (dict(good, src="S(0),S(0)"), "entries"),
         (dict(good, source=""), "source"),

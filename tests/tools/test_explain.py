@@ -199,7 +199,7 @@ def argv_with(**overrides):
 
 ERRORS = [
     (dict(mesh="a=2,b=x"), "--mesh", "'x'"),
-    (dict(mesh="a=2,a=2"), "--mesh", "given twice"),
+    (dict(mesh="a=2,a=2"), "--mesh", "not unique"),
     (dict(mesh="a=0,b=2"), "--mesh", "size 0"),
     (dict(mesh=","), "--mesh", "name=size"),
     (dict(mesh="a-1=2,b=2"), "--mesh", "identifier"),
