@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from redist_opt.ir.ops import OPS, STEP_VARIANTS
 from redist_opt.tools.spawn import run_ranks
 from support import lowering_programs as LP
 from support.paths import SUPPORT
+from support.program_report import read as read_report
 
 pytestmark = pytest.mark.xdist_group("graph_lowering")  # the mesh22 and fake_2x4 fixtures
 
@@ -125,9 +125,7 @@ def test_compiled_unpack_blocks_equal_uncompiled_on_gloo():
 def fake_2x4():
     proc = subprocess.run([sys.executable, os.path.join(SUPPORT, "lowering_programs.py"), "fake", "5"],
                           capture_output=True, text=True, timeout=600)
-    out = proc.stdout
-    assert proc.returncode == 0 and "JSON" in out, proc.stderr[-4000:]
-    return json.loads(out[out.index("JSON") + 4:])
+    return read_report(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.mark.parametrize("meta", ["meta", "val_only"])

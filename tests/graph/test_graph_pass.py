@@ -9,7 +9,6 @@ tests below build graphs with ``make_fx`` in this process.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, opti
 from redist_opt.graph.mesh_groups import mesh_contexts
 
 from support.paths import SUPPORT
+from support.program_report import read as read_report
 
 pytestmark = pytest.mark.xdist_group("graph_pass")  # the report fixture compiles every program in a subprocess
 
@@ -35,9 +35,7 @@ def _run_script(mode: str, rank: int) -> dict:
         [sys.executable, os.path.join(SUPPORT, "graph_pass_programs.py"), mode, str(rank)],
         capture_output=True, text=True, timeout=900,
     )
-    out = proc.stdout
-    assert proc.returncode == 0 and "JSON" in out, proc.stderr[-4000:]
-    return json.loads(out[out.index("JSON") + 4:])
+    return read_report(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture(scope="module")

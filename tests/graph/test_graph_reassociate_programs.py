@@ -5,7 +5,6 @@ group (4); on 2 gloo ranks (slow) outputs and grads equal eager within rounding.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -14,14 +13,13 @@ import sys
 import pytest
 
 from support.paths import SUPPORT
+from support.program_report import read as read_report
 
 SCRIPT = os.path.join(SUPPORT, "graph_reassociate_programs.py")
 
 
 def _report(proc) -> dict:
-    out = proc.stdout
-    assert proc.returncode == 0 and "JSON" in out, proc.stderr[-4000:]
-    return json.loads(out[out.index("JSON") + 4:])
+    return read_report(proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_backward_all_reduces_one_per_summed_group():

@@ -6,7 +6,6 @@ expert meshes), on one fake rank (rank 5 of 8) in a subprocess; see
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import socket
 import subprocess
@@ -15,21 +14,17 @@ import sys
 import pytest
 
 from support.paths import SUPPORT
+from support.program_report import read as read_report
 
 pytestmark = pytest.mark.xdist_group("graph_views")  # the report fixture compiles every program in a subprocess
 
 SCRIPT = os.path.join(SUPPORT, "graph_views_programs.py")
 
 
-def _parse(returncode, out, err) -> dict:
-    assert returncode == 0 and "JSON" in out, err[-4000:]
-    return json.loads(out[out.index("JSON") + 4:])
-
-
 @pytest.fixture(scope="module")
 def report():
     proc = subprocess.run([sys.executable, SCRIPT, "fake", "5"], capture_output=True, text=True, timeout=900)
-    return _parse(proc.returncode, proc.stdout, proc.stderr)
+    return read_report(proc.returncode, proc.stdout, proc.stderr)
 
 
 MESH = "on pp=1,dp_replicate=1,dp_shard=2,cp=2,tp=2"
@@ -70,7 +65,7 @@ def test_outputs_equal_on_eight_gloo_ranks():
     procs = [subprocess.Popen([sys.executable, SCRIPT, "gloo", str(r), "8", port], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(8)]
     outs = [p.communicate(timeout=1200) for p in procs]
-    reports = [_parse(p.returncode, *o) for p, o in zip(procs, outs)]
+    reports = [read_report(p.returncode, *o) for p, o in zip(procs, outs)]
     for r in reports:  # every rank rewrote every program (outputs were checked in the ranks)
         assert all(g["modified"] for graphs in r.values() for g in graphs), r
 
@@ -78,7 +73,7 @@ def test_outputs_equal_on_eight_gloo_ranks():
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
 def test_meshes_from_torchtitan_parallel_dims():
     proc = subprocess.run([sys.executable, SCRIPT, "torchtitan", "5"], capture_output=True, text=True, timeout=900)
-    r = _parse(proc.returncode, proc.stdout, proc.stderr)
+    r = read_report(proc.returncode, proc.stdout, proc.stderr)
     for name in ("simplefsdp_grad", "ppp_grad", "expert_grad"):
         for given in ("given", "live"):
             (g,) = r[f"{given}/{name}"]

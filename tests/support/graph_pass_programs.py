@@ -12,7 +12,6 @@ Usage as a script (one fake rank, prints JSON): ``python graph_pass_programs.py 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -32,6 +31,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 from redist_opt.graph.graph_pass import count_collectives, optimize_graph  # noqa: E402
+from support.program_report import emit  # noqa: E402
 
 
 # -- programs -------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
 
 if __name__ == "__main__":
     if sys.argv[1] == "fake":
-        print("JSON" + json.dumps(fake_main(int(sys.argv[2]))))
+        emit(fake_main(int(sys.argv[2])))
 
 
 def fake_inductor(rank: int) -> dict:
@@ -506,4 +506,4 @@ def fake_inductor(rank: int) -> dict:
 
 
 if __name__ == "__main__" and sys.argv[1] == "inductor":
-    print("JSON" + json.dumps(fake_inductor(int(sys.argv[2]))))
+    emit(fake_inductor(int(sys.argv[2])))

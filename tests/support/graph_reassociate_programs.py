@@ -12,7 +12,6 @@ Usage as a script: ``python graph_reassociate_programs.py fake RANK`` or
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -30,6 +29,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 from support.graph_pass_programs import Recorder, compile_program  # noqa: E402
+from support.program_report import emit  # noqa: E402
 
 DIM = 8
 
@@ -95,4 +95,4 @@ if __name__ == "__main__":
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         report = {k: run(rank, world, k == "on", check=True) for k in ("off", "on")}
         dist.destroy_process_group()
-    print("JSON" + json.dumps(report))
+    emit(report)

@@ -15,7 +15,6 @@ when installed) or ``... gloo RANK 8 PORT`` (8 gloo ranks, outputs checked).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -31,6 +30,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 from support.graph_pass_programs import Recorder, compile_program, local_input  # noqa: E402
+from support.program_report import emit  # noqa: E402
 
 DEGREES = {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2}
 
@@ -163,6 +163,6 @@ def gloo_main(rank: int, world: int, port: int) -> dict:
 
 
 if __name__ == "__main__" and sys.argv[1] in ("fake", "torchtitan"):
-    print("JSON" + json.dumps(fake_main(int(sys.argv[2]), torchtitan=sys.argv[1] == "torchtitan")))
+    emit(fake_main(int(sys.argv[2]), torchtitan=sys.argv[1] == "torchtitan"))
 elif __name__ == "__main__" and sys.argv[1] == "gloo":
-    print("JSON" + json.dumps(gloo_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+    emit(gloo_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))

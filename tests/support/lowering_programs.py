@@ -19,7 +19,6 @@ pytest so spawned ranks import it cheaply.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -40,6 +39,7 @@ from redist_opt.ir.mesh import MeshSpec  # noqa: E402
 from redist_opt.ir.placements import normalize_placements  # noqa: E402
 from redist_opt.ir.plan import make_plan  # noqa: E402
 from redist_opt.pipeline import run_pipeline  # noqa: E402
+from support.program_report import emit  # noqa: E402
 
 # (name, src, dst, global shape, groups, IR ops and step variants its plan must hold)
 CASES = [
@@ -253,4 +253,4 @@ _ALL = _All()
 
 
 if __name__ == "__main__" and sys.argv[1] == "fake":
-    print("JSON" + json.dumps(fake_main(int(sys.argv[2]))))
+    emit(fake_main(int(sys.argv[2])))
