@@ -100,16 +100,16 @@ def _case_from_dict(raw: dict, where: str) -> CorpusCase:
 def load_corpus(path: str | os.PathLike | None = None) -> list[CorpusCase]:
     """Read and validate a corpus file (default: the shipped :data:`DEFAULT_CORPUS`)."""
     source = DEFAULT_CORPUS if path is None else pathlib.Path(path)
-    path = source.name if path is None else os.fspath(path)
+    name = source.name if path is None else os.fspath(path)
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"corpus {path!r} is not valid JSON: {e}") from None
+        raise ValueError(f"corpus {name!r} is not valid JSON: {e}") from None
     raw_cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(raw_cases, list):
-        raise ValueError(f"corpus {path!r}: expected an object with a 'cases' list")
-    cases = [_case_from_dict(raw, f"corpus {os.path.basename(path)} case {i}") for i, raw in enumerate(raw_cases)]
+        raise ValueError(f"corpus {name!r}: expected an object with a 'cases' list")
+    cases = [_case_from_dict(raw, f"corpus {os.path.basename(name)} case {i}") for i, raw in enumerate(raw_cases)]
     dup = sorted(i for i, n in Counter(c.id for c in cases).items() if n > 1)
     if dup:
-        raise ValueError(f"corpus {path!r}: duplicate case id(s) {dup}")
+        raise ValueError(f"corpus {name!r}: duplicate case id(s) {dup}")
     return cases
