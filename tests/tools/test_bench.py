@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from redist_opt.tools.bench import planning_bench
+from redist_opt.tools.bench import format_wall, planning_bench, wall_bench
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.cli import main
 from redist_opt.ir.cost import KINDS, CostModel
@@ -95,6 +95,20 @@ def test_bench_end_to_end(profile, tmp_path):
         # torch without its merge pass issues one collective per mesh dim.
         assert r["collectives"]["torch_nomerge"] == 2
     assert data["wall"]["cost_profile_used"] is True
+
+
+@pytest.mark.slow  # 4 gloo ranks
+def test_wall_bench_judges_our_result_and_flags_torchs_wrong_merge():
+    """An uneven gather over the flattened a+b: torch 2.13's merged all_gather is wrong
+    (pytorch PR 194457), ours is exact. The row says so and our result still counts as
+    equal; the even twin carries no flag."""
+    res = wall_bench([("S(0),S(0)", "R,R", (5, 3)), ("S(0),S(0)", "R,R", (8, 3))], iters=1, warmup=0, timeout=150)
+    uneven, even = res["rows"]
+    assert (uneven["equal"], uneven["torch_equal"]) == (True, False)
+    assert (even["equal"], even["torch_equal"]) == (True, True)
+    assert uneven["collectives"] == even["collectives"] == {"torch": 1, "torch_nomerge": 2, "ours": 1}
+    table = format_wall(res).splitlines()
+    assert "torch WRONG" in table[2] and "torch WRONG" not in table[3]
 
 
 def test_planning_bench_in_process():
