@@ -308,7 +308,10 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    start = time.monotonic()
+    # The budget counts from here until the ranks have met, then again from then: a
+    # hang in the rendezvous is caught, and a rank that started late (importing torch
+    # on a loaded machine) gets the same budget for the program as its peers.
+    start = [time.monotonic()]
     report = RankReport(rank, "hung")
     path = os.path.join(out_dir, f"rank{rank}.pkl")
     stack_file = open(os.path.join(out_dir, f"rank{rank}.stacks"), "w")
@@ -330,14 +333,15 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
         # exits closes its gloo connections, which would turn its peers' hang in a
         # collective it never issued into an error, unlike a job whose ranks go on.
         # No destroy_process_group: a rank whose peers are gone would block in it.
-        # Counted from now, not from this rank's start: every peer started before the
-        # rendezvous, so its watchdog fires within bound_s of now, however late it
-        # started (importing torch on a loaded machine); the grace covers a late firing.
+        # Counted from now: every peer's budget restarted when the ranks met, before
+        # this rank finished, so its watchdog fires within bound_s of now; the grace
+        # covers a late firing on a loaded machine.
         _wait_for_reports(out_dir, world, time.monotonic() + bound_s + _KILL_GRACE_S)
         os._exit(exitcode)
 
     def watchdog():
-        time.sleep(max(0.0, start + bound_s - time.monotonic()))
+        while (left := start[0] + bound_s - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
         # The main thread may hold the GIL in C++ for good: the parent kills us then.
         report.elapsed_s = report.elapsed_s or bound_s
         finish("hung", 3)
@@ -347,6 +351,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
+        start[0] = time.monotonic()
         report.reference = program(Context(rank, world, args, options, True, report.sections))
         t0 = time.monotonic()
         try:

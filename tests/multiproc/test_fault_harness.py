@@ -121,7 +121,7 @@ def test_watchdog_turns_a_hang_into_stacks_and_a_named_mismatch():
     reps = fh.run_program(fault_programs.one_rank_skips_a_collective, 4, bound_s=15)
     assert reps[1].status == "ok"
     hung = [r for r, rep in reps.items() if rep.status == "hung"]
-    assert hung == [0, 2, 3]
+    assert hung == [0, 2, 3], {r: (rep.status, rep.error) for r, rep in reps.items()}
     assert all("one_rank_skips_a_collective" in reps[r].stacks for r in hung)
     problems = fh.sequence_mismatches(reps)
     assert any("rank 1 ran nothing" in p for p in problems), problems
