@@ -49,6 +49,9 @@ from collections.abc import Callable
 FR_BUFFER_SIZE = 20000
 # After the watchdog fired, how long the parent waits for the rank's dump before killing it.
 _KILL_GRACE_S = 10.0
+# Process start-up and the rendezvous (importing torch on a loaded machine) are not the
+# program's time: this much more is allowed for them.
+_STARTUP_S = 60.0
 
 
 # -- what a rank reports ----------------------------------------------------------------
@@ -308,10 +311,9 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    # The budget counts from here until the ranks have met, then again from then: a
-    # hang in the rendezvous is caught, and a rank that started late (importing torch
-    # on a loaded machine) gets the same budget for the program as its peers.
-    start = [time.monotonic()]
+    # Until the ranks have met the watchdog allows start-up time too; from then on the
+    # program's budget: a rank that started late gets the same budget as its peers.
+    deadline = [time.monotonic() + _STARTUP_S + bound_s]
     report = RankReport(rank, "hung")
     path = os.path.join(out_dir, f"rank{rank}.pkl")
     stack_file = open(os.path.join(out_dir, f"rank{rank}.stacks"), "w")
@@ -340,7 +342,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
         os._exit(exitcode)
 
     def watchdog():
-        while (left := start[0] + bound_s - time.monotonic()) > 0:
+        while (left := deadline[0] - time.monotonic()) > 0:
             time.sleep(min(left, 0.5))
         # The main thread may hold the GIL in C++ for good: the parent kills us then.
         report.elapsed_s = report.elapsed_s or bound_s
@@ -351,7 +353,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
-        start[0] = time.monotonic()
+        deadline[0] = time.monotonic() + bound_s
         report.reference = program(Context(rank, world, args, options, True, report.sections))
         t0 = time.monotonic()
         try:
@@ -399,8 +401,7 @@ def run_program(program: Callable, world: int, *, args: tuple = (), options: dic
                   bound_s, pg_timeout_s, out_dir),
             nprocs=world, join=False, start_method="spawn",
         )
-        # Process start-up (importing torch on a loaded machine) is not the program's time.
-        deadline = time.monotonic() + bound_s + _KILL_GRACE_S + 60.0
+        deadline = time.monotonic() + _STARTUP_S + bound_s + _KILL_GRACE_S
         for p in pc.processes:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in pc.processes:
