@@ -6,11 +6,11 @@ group (4); on 2 gloo ranks (slow) outputs and grads equal eager within rounding.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 from support.paths import SUPPORT
 from support.program_report import read as read_report
@@ -36,15 +36,9 @@ def test_backward_all_reduces_one_per_summed_group():
     assert folded == [2, 2, 3, 3]  # (gate, up) and (q, k, v) of each layer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_values_on_two_gloo_ranks():
-    port = str(_free_port())
+    port = str(get_free_port())
     procs = [subprocess.Popen([sys.executable, SCRIPT, "gloo", str(r), "2", port], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     for p in procs:

@@ -37,7 +37,6 @@ import datetime
 import faulthandler
 import os
 import pickle
-import socket
 import tempfile
 import threading
 import time
@@ -313,7 +312,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
     torch.set_num_threads(1)
     # Until the ranks have met the watchdog allows start-up time too; from then on the
     # program's budget: a rank that started late gets the same budget as its peers.
-    deadline = [time.monotonic() + _STARTUP_S + bound_s]
+    deadline = time.monotonic() + _STARTUP_S + bound_s
     report = RankReport(rank, "hung")
     path = os.path.join(out_dir, f"rank{rank}.pkl")
     stack_file = open(os.path.join(out_dir, f"rank{rank}.stacks"), "w")
@@ -342,7 +341,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
         os._exit(exitcode)
 
     def watchdog():
-        while (left := deadline[0] - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0:  # read each turn: moved once the ranks meet
             time.sleep(min(left, 0.5))
         # The main thread may hold the GIL in C++ for good: the parent kills us then.
         report.elapsed_s = report.elapsed_s or bound_s
@@ -353,7 +352,7 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
-        deadline[0] = time.monotonic() + bound_s
+        deadline = time.monotonic() + bound_s
         report.reference = program(Context(rank, world, args, options, True, report.sections))
         t0 = time.monotonic()
         try:
@@ -374,12 +373,6 @@ def _wait_for_reports(out_dir: str, world: int, deadline: float) -> None:
         time.sleep(0.05)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_program(program: Callable, world: int, *, args: tuple = (), options: dict | None = None,
                 env: dict | None = None, rank_env: dict | None = None, bound_s: float = 60.0,
                 pg_timeout_s: float | None = None) -> dict[int, RankReport]:
@@ -392,12 +385,13 @@ def run_program(program: Callable, world: int, *, args: tuple = (), options: dic
     watchdog with stacks rather than by gloo).
     """
     import torch.multiprocessing as mp
+    from torch.distributed.elastic.utils.distributed import get_free_port
 
     pg_timeout_s = pg_timeout_s if pg_timeout_s is not None else bound_s + 30.0
     with tempfile.TemporaryDirectory(prefix="fault_harness_") as out_dir:
         pc = mp.start_processes(
             _rank_main,
-            args=(program, world, _free_port(), args, options or {}, env or {}, rank_env or {},
+            args=(program, world, get_free_port(), args, options or {}, env or {}, rank_env or {},
                   bound_s, pg_timeout_s, out_dir),
             nprocs=world, join=False, start_method="spawn",
         )

@@ -7,21 +7,15 @@ traceback; a hang fails it after TIMEOUT_S instead of blocking the run.
 
 from __future__ import annotations
 
-import socket
 import time
 
 from support import gloo_worker
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_and_join(worker, nprocs: int, timeout_s: float = TIMEOUT_S) -> None:
@@ -29,7 +23,7 @@ def spawn_and_join(worker, nprocs: int, timeout_s: float = TIMEOUT_S) -> None:
     exception (with its traceback) or when they do not finish in time."""
     ctx = mp.start_processes(
         worker,
-        args=(_free_port(),),
+        args=(get_free_port(),),
         nprocs=nprocs,
         join=False,
         start_method="spawn",
