@@ -93,7 +93,9 @@ def load_block(path: Path):
             return False  # the example's own entry points; Block does not use them
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef, ast.FunctionDef)):
             return True
-        return isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "context_fn" for t in node.targets)
+        return isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "context_fn" for t in node.targets
+        )
 
     body = [node for node in tree.body if keep(node)]
     # A module in sys.modules: Dynamo, tracing Block.forward, imports its globals' module by name.
@@ -176,7 +178,9 @@ class RoutedCalls:
         from autoparallel.shardings import ordered_sharding
 
         with routing.enabled(groups):
-            self.binding_routed = ordered_sharding.redistribute_local_tensor is routing.routed_redistribute_local_tensor
+            self.binding_routed = (
+                ordered_sharding.redistribute_local_tensor is routing.routed_redistribute_local_tensor
+            )
             routing.OBSERVERS.append(self)
             try:
                 yield self
@@ -195,7 +199,11 @@ def _build(block_cls, mesh, dims: BlockDims, build: str, groups: str):
     with torch.device("meta"):
         model = block_cls(dims.nheads, dims.dim, dims.dim * dims.hidden_mult)
     dtype = getattr(torch, dims.dtype)
-    mp = None if dtype == torch.float32 else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    mp = (
+        None
+        if dtype == torch.float32
+        else MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    )
 
     def input_fn():
         return torch.rand(dims.batch * mesh.shape[0], dims.seq, dims.dim)
@@ -226,7 +234,9 @@ def _our_costs(groups: str):
     from autoparallel import optimize_sharding
 
     own = optimize_sharding.estimate_strategy_comms_cost
-    optimize_sharding.estimate_strategy_comms_cost = lambda src, tgt: redistribute_cost(src, tgt, groups=groups)
+    optimize_sharding.estimate_strategy_comms_cost = lambda src, tgt: redistribute_cost(
+        src, tgt, groups=groups
+    )
     try:
         yield
     finally:
@@ -274,11 +284,17 @@ def _compare(ref: dict, got: dict) -> dict:
     diffs = {what: (a.float() - b.float()).abs().max().item() for what, a, b in pairs}
     # relative to the largest magnitude of the reference (the outputs run to 1e8 with seeded weights)
     rel = {what: diffs[what] / max(a.float().abs().max().item(), 1e-30) for what, a, _ in pairs}
-    return {"bitwise": all(torch.equal(a, b) for _, a, b in pairs), "max_abs_diff": max(diffs.values()),
-            "max_rel_diff": max(rel.values()), "diffs": diffs}
+    return {
+        "bitwise": all(torch.equal(a, b) for _, a, b in pairs),
+        "max_abs_diff": max(diffs.values()),
+        "max_rel_diff": max(rel.values()),
+        "diffs": diffs,
+    }
 
 
-def check_rank(rank: int, world: int, mesh_shape: tuple, dims: BlockDims, groups: str, run_step: bool) -> dict:
+def check_rank(
+    rank: int, world: int, mesh_shape: tuple, dims: BlockDims, groups: str, run_step: bool
+) -> dict:
     """One rank: the three builds, their graphs, and (``run_step``) their values compared."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -296,10 +312,15 @@ def check_rank(rank: int, world: int, mesh_shape: tuple, dims: BlockDims, groups
             elif build == "priced":
                 entry["placements"] = _placements(parallel)
             elif _placements(parallel) != out["builds"]["priced" if build == "costs" else "torch"].get(
-                    "placements", placements):
+                "placements", placements
+            ):
                 raise AssertionError(f"build {build!r} placed the parameters differently from its reference")
             if routed is not None:
-                entry.update(routed_calls=routed.calls, torch_only=routed.torch_only, binding_routed=routed.binding_routed)
+                entry.update(
+                    routed_calls=routed.calls,
+                    torch_only=routed.torch_only,
+                    binding_routed=routed.binding_routed,
+                )
             if run_step:
                 values[build] = _step(parallel, values.get("torch", {}).get("module"), mesh, dims)
                 values[build]["module"] = parallel

@@ -29,7 +29,14 @@ from collections import Counter
 from benchmarks.autoparallel_block import BUILDS, REFERENCE, BlockDims, check_rank, example_path
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 
-__all__ = ["INSTALL_STEPS", "SETTINGS", "autoparallel_missing", "run_setting", "format_report", "cmd_autoparallel"]
+__all__ = [
+    "INSTALL_STEPS",
+    "SETTINGS",
+    "autoparallel_missing",
+    "run_setting",
+    "format_report",
+    "cmd_autoparallel",
+]
 
 INSTALL_STEPS = """\
 autoparallel is not installed. It is not the PyPI package of that name; install it from its repository
@@ -109,16 +116,26 @@ def _run_fake(mesh_shape, dims, groups, timeout: float) -> list[dict]:
     return [result]
 
 
-def run_setting(name: str, *, groups: str = "existing", dims: BlockDims | None = None, timeout: float = 1800.0):
+def run_setting(
+    name: str, *, groups: str = "existing", dims: BlockDims | None = None, timeout: float = 1800.0
+):
     """One setting (a key of :data:`SETTINGS`); each rank's result dict, by rank."""
     backend, mesh_shape, default_dims, step = SETTINGS[name]
     dims = dims or default_dims
     if backend == "fake":
         ranks = _run_fake(mesh_shape, dims, groups, timeout)
     else:
-        ranks = run_ranks(check_rank, mesh_shape[0] * mesh_shape[1], (mesh_shape, dims, groups, step), timeout=timeout)
-    return {"setting": name, "backend": backend, "mesh": list(mesh_shape), "dims": dims.__dict__,
-            "groups": groups, "ranks": ranks}  # fmt: skip
+        ranks = run_ranks(
+            check_rank, mesh_shape[0] * mesh_shape[1], (mesh_shape, dims, groups, step), timeout=timeout
+        )
+    return {
+        "setting": name,
+        "backend": backend,
+        "mesh": list(mesh_shape),
+        "dims": dims.__dict__,
+        "groups": groups,
+        "ranks": ranks,
+    }
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -140,7 +157,9 @@ def graph_rows(result: dict) -> list[dict]:
         for build, entry in r["builds"].items():
             counts = [(g["graph"], g["before"], g["after"]) for g in entry["graphs"]]
             if counts != [(g["graph"], g["before"], g["after"]) for g in first[build]["graphs"]]:
-                raise AssertionError(f"rank {r['rank']} compiled different graphs than rank 0 in build {build!r}")
+                raise AssertionError(
+                    f"rank {r['rank']} compiled different graphs than rank 0 in build {build!r}"
+                )
     rows = []
     for i, g in enumerate(first["torch"]["graphs"]):
         row = {"graph": g["graph"], "torch": g["after"]}
@@ -167,7 +186,9 @@ def _reason_of(line: str) -> str:
     if ": kept: " in line:
         head, _, reason = line.partition(": kept: ")
         placements = head.split(" (")[0]
-        return f"{placements}: {reason.split(' (')[0]}" + ("; " + reason.split("; ", 1)[1] if "; " in reason else "")
+        return f"{placements}: {reason.split(' (')[0]}" + (
+            "; " + reason.split("; ", 1)[1] if "; " in reason else ""
+        )
     return line.split("]: ", 1)[-1] if line.startswith("not raised") else line
 
 
@@ -178,7 +199,9 @@ def format_report(result: dict) -> str:
         f"batch {dims['batch']}/dp rank, seq {dims['seq']}, {dims['nheads']} heads, dim {dims['dim']}, "
         f"{dims['dtype']} parameters, groups={result['groups']!r}",
         "",
-        "| graph | as shipped | " + " | ".join(f"{BUILD_TITLES[b]}: traced -> after pass" for b in BUILDS[1:]) + " |",
+        "| graph | as shipped | "
+        + " | ".join(f"{BUILD_TITLES[b]}: traced -> after pass" for b in BUILDS[1:])
+        + " |",
         "|---" * (len(BUILDS) + 1) + "|",
     ]
     for row in graph_rows(result):
@@ -218,7 +241,10 @@ def _placement_lines(result: dict) -> list[str]:
     if theirs is None or ours is None:
         return []
     changed = [f"{name} {theirs[name]} -> {ours[name]}" for name in theirs if ours.get(name) != theirs[name]]
-    return ["- ILP priced by redist_opt: " + ("; ".join(changed) if changed else "every parameter placed as shipped")]
+    return [
+        "- ILP priced by redist_opt: "
+        + ("; ".join(changed) if changed else "every parameter placed as shipped")
+    ]
 
 
 def _comparison_lines(result: dict) -> list[str]:
@@ -234,8 +260,12 @@ def _comparison_lines(result: dict) -> list[str]:
         lines.append(
             f"- values ({BUILD_TITLES[build]} vs {BUILD_TITLES[REFERENCE[build]]}, output, inference output and "
             "every gradient, "
-            f"{len(ranks)} ranks): " + ("bitwise equal" if bitwise else
-                                        f"max abs diff {worst:.3g}, {rel:.3g} of the largest magnitude")
+            f"{len(ranks)} ranks): "
+            + (
+                "bitwise equal"
+                if bitwise
+                else f"max abs diff {worst:.3g}, {rel:.3g} of the largest magnitude"
+            )
         )
     return lines
 
@@ -266,12 +296,22 @@ def cmd_autoparallel(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.autoparallel_check", description=__doc__.splitlines()[0])
-    parser.add_argument("--ap-setting", action="append", choices=list(SETTINGS),
-                        help="fake (2x4, the example's sizes, graphs only), gloo (4 ranks, 2x2, a real step) or "
-                        "gloo8 (8 ranks, 2x4, a real step); repeatable, default fake and gloo")  # fmt: skip
-    parser.add_argument("--ap-groups", default="existing", choices=["existing", "create"],
-                        help="compiler_fn/enabled groups (default existing)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.autoparallel_check", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--ap-setting",
+        action="append",
+        choices=list(SETTINGS),
+        help="fake (2x4, the example's sizes, graphs only), gloo (4 ranks, 2x2, a real step) or "
+        "gloo8 (8 ranks, 2x4, a real step); repeatable, default fake and gloo",
+    )
+    parser.add_argument(
+        "--ap-groups",
+        default="existing",
+        choices=["existing", "create"],
+        help="compiler_fn/enabled groups (default existing)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up on the ranks")
     parser.add_argument("--json", help="also write the results to this JSON file")
     return cmd_autoparallel(parser.parse_args(argv))

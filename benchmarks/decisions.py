@@ -48,8 +48,15 @@ from redist_opt.tools.corpus import load_corpus
 from redist_opt.tools.spawn import run_ranks
 from redist_opt.tools.timing import Stat, timed_samples
 
-__all__ = ["DecisionCase", "decision_cases", "alternatives", "measure_decisions", "judge", "format_decisions",
-           "told_apart"]
+__all__ = [
+    "DecisionCase",
+    "decision_cases",
+    "alternatives",
+    "measure_decisions",
+    "judge",
+    "format_decisions",
+    "told_apart",
+]
 
 RANKS = 8
 # Global bytes each case is scaled to: small enough that launches dominate, large
@@ -97,9 +104,15 @@ def _scaled(shape: Sequence[int], target: int, itemsize: int = 4) -> tuple[int, 
 
 def decision_cases(corpus: str | None = None, targets: Sequence[int] = DEFAULT_TARGETS) -> list[DecisionCase]:
     """The corpus's 8-rank cases and the extra ones, each at every target size (scalars once)."""
-    raw = [(c.id, c.mesh, tuple(c.flatten), c.src, c.dst, tuple(c.shape))
-           for c in load_corpus(corpus) if c.spec().num_ranks == RANKS]  # fmt: skip
-    raw += [(f"{m}:{s}->{d}" + (f"[{'+'.join(f)}]" if f else ""), m, f, s, d, sh) for m, f, s, d, sh in EXTRA_CASES]
+    raw = [
+        (c.id, c.mesh, tuple(c.flatten), c.src, c.dst, tuple(c.shape))
+        for c in load_corpus(corpus)
+        if c.spec().num_ranks == RANKS
+    ]
+    raw += [
+        (f"{m}:{s}->{d}" + (f"[{'+'.join(f)}]" if f else ""), m, f, s, d, sh)
+        for m, f, s, d, sh in EXTRA_CASES
+    ]
     out, seen = [], set()
     for cid, mesh, flatten, src, dst, shape in raw:
         for target in targets:
@@ -130,8 +143,12 @@ def alternatives(case: DecisionCase, profiles: Sequence[CostModel]) -> list[tupl
         for groups, cap in itertools.product(("existing", "create"), ("torch", "any")):
             p = redist_opt.optimize(naive, groups=groups, cost=model, max_collectives=cap)
             found.append((f"{model.name}/{groups}/{cap}", p))
-    found.append(("consistency", redist_opt.optimize(naive, groups="create", prefer="consistency",
-                                                     max_collectives="any")))
+    found.append(
+        (
+            "consistency",
+            redist_opt.optimize(naive, groups="create", prefer="consistency", max_collectives="any"),
+        )
+    )
     distinct: dict[tuple, tuple[str, object]] = {}
     for label, p in found:
         distinct.setdefault(_signature(p), (label, p))
@@ -142,10 +159,13 @@ def _local_input(mesh, case: DecisionCase, rank: int) -> torch.Tensor:
     src = redist_opt.parse_placements(case.src)
     torch.manual_seed(0)
     full = torch.randn(case.shape)
-    dt = distribute_tensor(full, mesh, [Replicate() if p.is_partial() else p for p in src], src_data_rank=None)
+    dt = distribute_tensor(
+        full, mesh, [Replicate() if p.is_partial() else p for p in src], src_data_rank=None
+    )
     if any(p.is_partial() for p in src):
-        dt = DTensor.from_local(dt.to_local() * (rank + 1), mesh, src, run_check=False,
-                                shape=full.shape, stride=full.stride())  # fmt: skip
+        dt = DTensor.from_local(
+            dt.to_local() * (rank + 1), mesh, src, run_check=False, shape=full.shape, stride=full.stride()
+        )
     return dt.to_local()
 
 
@@ -168,33 +188,49 @@ def _decisions_worker(rank: int, world: int, cases, profile_dicts, iters: int, w
         x = _local_input(mesh, case, rank)
         fns = [lambda g=p.graph: execute(g, x, mesh, groups="create") for _, p in alts]
         outs = [f() for f in fns]
-        equal = all(o.shape == outs[0].shape and torch.allclose(o, outs[0], rtol=1e-4, atol=1e-4) for o in outs)
+        equal = all(
+            o.shape == outs[0].shape and torch.allclose(o, outs[0], rtol=1e-4, atol=1e-4) for o in outs
+        )
         samples = timed_samples(fns, iters, warmup)
-        rows.append({"id": case.id, "labels": [label for label, _ in alts], "equal": equal, "samples": samples})
+        rows.append(
+            {"id": case.id, "labels": [label for label, _ in alts], "equal": equal, "samples": samples}
+        )
     return rows
 
 
-def measure_decisions(cases: Sequence[DecisionCase], profiles: Sequence[CostModel] = (), *, iters: int = 9,
-                      warmup: int = 2, timeout: float = 900.0) -> dict:
+def measure_decisions(
+    cases: Sequence[DecisionCase],
+    profiles: Sequence[CostModel] = (),
+    *,
+    iters: int = 9,
+    warmup: int = 2,
+    timeout: float = 900.0,
+) -> dict:
     """Run every case's alternatives on 8 gloo ranks: per case, per alternative, the
     measured Stat and the plan's collectives."""
     t0 = time.perf_counter()
-    per_rank = run_ranks(_decisions_worker, RANKS, (list(cases), [p.to_dict() for p in profiles], iters, warmup),
-                         timeout=timeout)  # fmt: skip
+    per_rank = run_ranks(
+        _decisions_worker,
+        RANKS,
+        (list(cases), [p.to_dict() for p in profiles], iters, warmup),
+        timeout=timeout,
+    )
     by_id = {c.id: c for c in cases}
     out = []
     for i, r0 in enumerate(per_rank[0]):
         case = by_id[r0["id"]]
         alts = dict(alternatives(case, profiles))
         stats = [Stat.of([r[i]["samples"][k] for r in per_rank]) for k in range(len(r0["labels"]))]
-        out.append({
-            "case": dataclasses.asdict(case),
-            "equal": all(r[i]["equal"] for r in per_rank),
-            "alternatives": [
-                {"label": label, "plan": alts[label], "median_s": s.median, "stderr_s": s.stderr}
-                for label, s in zip(r0["labels"], stats)
-            ],
-        })  # fmt: skip
+        out.append(
+            {
+                "case": dataclasses.asdict(case),
+                "equal": all(r[i]["equal"] for r in per_rank),
+                "alternatives": [
+                    {"label": label, "plan": alts[label], "median_s": s.median, "stderr_s": s.stderr}
+                    for label, s in zip(r0["labels"], stats)
+                ],
+            }
+        )
     return {"ranks": RANKS, "iters": iters, "wall_s": time.perf_counter() - t0, "cases": out}
 
 
@@ -217,14 +253,26 @@ def judge(measured: dict, model: CostModel) -> dict:
             tied = math.isclose(ma, mb, rel_tol=1e-9)
             pick = None if tied else ("a" if ma < mb else "b")
             faster = "a" if ta < tb else "b"
-            pairs.append({
-                "case": case["case"]["id"], "a": a["label"], "b": b["label"],
-                "a_ops": _ops(a["plan"]), "b_ops": _ops(b["plan"]),
-                "model_a_s": ma, "model_b_s": mb, "measured_a_s": ta, "measured_b_s": tb,
-                "stderr_a_s": a["stderr_s"], "stderr_b_s": b["stderr_s"], "noise_s": noise,
-                "beyond_noise": beyond, "model_pick": pick, "measured_faster": faster,
-                "correct": None if pick is None or not beyond else pick == faster,
-            })  # fmt: skip
+            pairs.append(
+                {
+                    "case": case["case"]["id"],
+                    "a": a["label"],
+                    "b": b["label"],
+                    "a_ops": _ops(a["plan"]),
+                    "b_ops": _ops(b["plan"]),
+                    "model_a_s": ma,
+                    "model_b_s": mb,
+                    "measured_a_s": ta,
+                    "measured_b_s": tb,
+                    "stderr_a_s": a["stderr_s"],
+                    "stderr_b_s": b["stderr_s"],
+                    "noise_s": noise,
+                    "beyond_noise": beyond,
+                    "model_pick": pick,
+                    "measured_faster": faster,
+                    "correct": None if pick is None or not beyond else pick == faster,
+                }
+            )
     judged = [p for p in pairs if p["correct"] is not None]
     right = sum(p["correct"] for p in judged)
     return {
@@ -246,13 +294,16 @@ def _column_label(profile: str) -> str:
 
 
 def format_decisions(verdicts: Sequence[dict], measured: dict, *, all_pairs: bool = False) -> str:
-    lines = [f"decision accuracy: {len(measured['cases'])} cases with 2+ alternatives on {measured['ranks']} gloo "
-             f"ranks, median of {measured['iters']} samples (slowest rank); measured in {measured['wall_s']:.0f} s"]
+    lines = [
+        f"decision accuracy: {len(measured['cases'])} cases with 2+ alternatives on {measured['ranks']} gloo "
+        f"ranks, median of {measured['iters']} samples (slowest rank); measured in {measured['wall_s']:.0f} s"
+    ]
     for v in verdicts:
         lines.append(
             f"  profile {v['profile']}: {v['correct']}/{v['judged']} = {v['accuracy'] * 100:.0f}% of pairs beyond "
             f"noise the model picks the measured faster one ({len(v['pairs'])} pairs, {v['beyond_noise']} beyond "
-            f"noise, {v['model_ties']} modelled equal)")
+            f"noise, {v['model_ties']} modelled equal)"
+        )
     lines.append("")
     head = f"{'case':<44} {'alternative a':<26} {'alternative b':<26} {'meas a ms':>10} {'meas b ms':>10} {'noise':>6}"
     head += "".join(f" {_column_label(v['profile']):>14}" for v in verdicts)
@@ -261,21 +312,35 @@ def format_decisions(verdicts: Sequence[dict], measured: dict, *, all_pairs: boo
     for i, p in enumerate(first):
         if not (all_pairs or p["beyond_noise"]):
             continue
-        row = (f"{p['case'][:44]:<44} {p['a_ops'][:26]:<26} {p['b_ops'][:26]:<26} "
-               f"{p['measured_a_s'] * 1e3:>10.3f} {p['measured_b_s'] * 1e3:>10.3f} {p['noise_s'] * 1e3:>6.3f}")  # fmt: skip
+        row = (
+            f"{p['case'][:44]:<44} {p['a_ops'][:26]:<26} {p['b_ops'][:26]:<26} "
+            f"{p['measured_a_s'] * 1e3:>10.3f} {p['measured_b_s'] * 1e3:>10.3f} {p['noise_s'] * 1e3:>6.3f}"
+        )
         for v in verdicts:
             q = v["pairs"][i]
-            mark = {True: "ok", False: "WRONG", None: "tie" if q["model_pick"] is None else "noise"}[q["correct"]]
+            mark = {True: "ok", False: "WRONG", None: "tie" if q["model_pick"] is None else "noise"}[
+                q["correct"]
+            ]
             row += f" {q['model_a_s'] * 1e3:>5.2f}/{q['model_b_s'] * 1e3:<5.2f}{mark:>3}"[:15].rjust(15)
         lines.append(row)
-    lines.append(f"pairs shown: measured difference > max({NOISE_SIGMAS:g} combined standard errors, "
-                 f"{MIN_RATIO:.0%}); per profile: modelled ms a/b and whether its pick was the measured faster")
+    lines.append(
+        f"pairs shown: measured difference > max({NOISE_SIGMAS:g} combined standard errors, "
+        f"{MIN_RATIO:.0%}); per profile: modelled ms a/b and whether its pick was the measured faster"
+    )
     return "\n".join(lines)
 
 
 def _json_ready(measured: dict, verdicts: Sequence[dict]) -> dict:
-    cases = [{**c, "alternatives": [{k: v for k, v in a.items() if k != "plan"} | {"ops": _ops(a["plan"])}
-                                    for a in c["alternatives"]]} for c in measured["cases"]]  # fmt: skip
+    cases = [
+        {
+            **c,
+            "alternatives": [
+                {k: v for k, v in a.items() if k != "plan"} | {"ops": _ops(a["plan"])}
+                for a in c["alternatives"]
+            ],
+        }
+        for c in measured["cases"]
+    ]
     return {**measured, "cases": cases, "verdicts": list(verdicts)}
 
 
@@ -283,8 +348,10 @@ def told_apart(models: Sequence[CostModel], sources: Sequence[str]) -> list[Cost
     """``models`` with the profiles that share a name (two files calibrated on 4 ranks
     are both ``gloo-calibrated-4``) renamed after the file (or name) they came from."""
     names = [m.name for m in models]
-    return [m if names.count(m.name) == 1 else dataclasses.replace(m, name=f"{m.name} ({os.path.basename(src)})")
-            for m, src in zip(models, sources)]
+    return [
+        m if names.count(m.name) == 1 else dataclasses.replace(m, name=f"{m.name} ({os.path.basename(src)})")
+        for m, src in zip(models, sources)
+    ]
 
 
 def cmd_decisions(args) -> int:
@@ -292,10 +359,15 @@ def cmd_decisions(args) -> int:
     names = args.profile or ["gloo"]
     models = told_apart([cost_model("--profile", n, None)[0] for n in names], names)
     cases = decision_cases(args.corpus)
-    print(f"decision accuracy: {len(cases)} cases (corpus 8-rank cases and 2x2x2 / 2x4 extras at "
-          f"{', '.join(str(t) for t in DEFAULT_TARGETS)} bytes), profiles {', '.join(m.name for m in models)}; "
-          f"8 gloo ranks ...", flush=True)  # fmt: skip
-    measured = measure_decisions(cases, models, iters=args.iters, warmup=args.warmup, timeout=max(args.timeout, 900))
+    print(
+        f"decision accuracy: {len(cases)} cases (corpus 8-rank cases and 2x2x2 / 2x4 extras at "
+        f"{', '.join(str(t) for t in DEFAULT_TARGETS)} bytes), profiles {', '.join(m.name for m in models)}; "
+        f"8 gloo ranks ...",
+        flush=True,
+    )
+    measured = measure_decisions(
+        cases, models, iters=args.iters, warmup=args.warmup, timeout=max(args.timeout, 900)
+    )
     verdicts = [judge(measured, m) for m in models]
     print(format_decisions(verdicts, measured))
     if not all(c["equal"] for c in measured["cases"]):
@@ -311,13 +383,22 @@ def cmd_decisions(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.decisions", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", action="append",
-                        help="a profile to judge (nccl, gloo, gloo-ring or a JSON file from `redist-opt calibrate`; "
-                        "repeatable; default gloo)")
-    parser.add_argument("--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.decisions", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        help="a profile to judge (nccl, gloo, gloo-ring or a JSON file from `redist-opt calibrate`; "
+        "repeatable; default gloo)",
+    )
+    parser.add_argument(
+        "--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)"
+    )
     parser.add_argument("--iters", type=int, default=7, help="timed samples per alternative (default 7)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per alternative first (default 2)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed calls per alternative first (default 2)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up on the ranks")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)

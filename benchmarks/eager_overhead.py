@@ -49,6 +49,7 @@ def _import_frameworks(setting: str) -> str:
     if setting == "torchtitan":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
         from benchmarks.step_bench.model import import_torchtitan
+
         stubbed = import_torchtitan()
         return f"stubbed for the import: {stubbed}" if stubbed else ""
     if setting == "transformers":
@@ -70,8 +71,13 @@ def measure_enter(setting: str, n: int = 200) -> dict:
         with redist_opt.enabled():
             pass
         times.append(time.perf_counter() - t0)
-    return {"setting": setting, "modules": len(sys.modules), "median_ms": statistics.median(times) * 1e3,
-            "p90_ms": sorted(times)[int(0.9 * n)] * 1e3, "note": note}
+    return {
+        "setting": setting,
+        "modules": len(sys.modules),
+        "median_ms": statistics.median(times) * 1e3,
+        "p90_ms": sorted(times)[int(0.9 * n)] * 1e3,
+        "note": note,
+    }
 
 
 # -- 2. per-call time on the fake backend -------------------------------------------------
@@ -90,9 +96,16 @@ def _setup():
     R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
     shape = (64, 32)
     transitions = [
-        ((S0, R, R), (R, R, R)), ((R, S0, R), (R, R, R)), ((R, R, S1), (R, R, R)), ((P, R, R), (R, R, R)),
-        ((R, P, R), (R, S0, R)), ((S0, R, S0), (R, R, R)),
-        ((P, P, P), (R, R, R)), ((P, P, P), (R, S0, R)), ((P, R, P), (R, R, R)), ((P, P, R), (S0, R, R)),
+        ((S0, R, R), (R, R, R)),
+        ((R, S0, R), (R, R, R)),
+        ((R, R, S1), (R, R, R)),
+        ((P, R, R), (R, R, R)),
+        ((R, P, R), (R, S0, R)),
+        ((S0, R, S0), (R, R, R)),
+        ((P, P, P), (R, R, R)),
+        ((P, P, P), (R, S0, R)),
+        ((P, R, P), (R, R, R)),
+        ((P, P, R), (S0, R, R)),
     ]
     cases = []
     for src, dst in transitions:
@@ -101,8 +114,9 @@ def _setup():
         for d, p in enumerate(src):  # rank 0's piece: chunk 0 of every sharded dim
             if p.is_shard():
                 local = local.chunk(mesh.size(d), p.dim)[0]
-        dt = DTensor.from_local(local.contiguous(), mesh, list(src), run_check=False, shape=full.shape,
-                                stride=full.stride())
+        dt = DTensor.from_local(
+            local.contiguous(), mesh, list(src), run_check=False, shape=full.shape, stride=full.stride()
+        )
         cases.append((f"{_placements(src)} -> {_placements(dst)}", dt, list(dst)))
     return mesh, cases
 
@@ -118,7 +132,7 @@ def _counts(mesh, dt, dst, routed: bool) -> int:
 
     import redist_opt
 
-    with (redist_opt.enabled() if routed else contextlib.nullcontext()), CommDebugMode() as c:
+    with redist_opt.enabled() if routed else contextlib.nullcontext(), CommDebugMode() as c:
         dt.redistribute(mesh, dst)
     return c.get_total_counts()
 
@@ -161,15 +175,26 @@ def measure_calls(rounds: int, batch: int) -> dict:
             t_torch.append(times["torch"] / batch)
             t_ours.append(times["ours"] / batch)
         group = "equal" if ours == theirs else ("fewer" if ours < theirs else "more")
-        rows.append({"transition": label, "group": group, "collectives": [theirs, ours], "ratios": ratios,
-                     "torch_us": statistics.median(t_torch) * 1e6, "ours_us": statistics.median(t_ours) * 1e6})
+        rows.append(
+            {
+                "transition": label,
+                "group": group,
+                "collectives": [theirs, ours],
+                "ratios": ratios,
+                "torch_us": statistics.median(t_torch) * 1e6,
+                "ours_us": statistics.median(t_ours) * 1e6,
+            }
+        )
     groups = {}
     for g in ("equal", "fewer", "more"):
         pooled = [x for row in rows if row["group"] == g for x in row["ratios"]]
         if pooled:
             lo, hi = _bootstrap(pooled)
-            groups[g] = {"median": statistics.median(pooled), "ci95": [lo, hi],
-                         "verdict": "no change" if lo <= 1.0 <= hi else ("slower" if lo > 1 else "faster")}
+            groups[g] = {
+                "median": statistics.median(pooled),
+                "ci95": [lo, hi],
+                "verdict": "no change" if lo <= 1.0 <= hi else ("slower" if lo > 1 else "faster"),
+            }
     for row in rows:
         row["median"] = statistics.median(row["ratios"])
         del row["ratios"]
@@ -208,8 +233,12 @@ def measure_sympy(calls: int = 200) -> dict:
 
 
 def _in_subprocess(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--child"], capture_output=True,
-                         text=True, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *args, "--child"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         return {"error": (out.stderr or out.stdout).strip().splitlines()[-1:] or ["failed"]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -220,24 +249,34 @@ def _report(results: dict) -> None:
         if "error" in r:
             print(f"enter/exit enabled() [{r.get('setting')}]: not measured: {r['error']}")
             continue
-        print(f"enter/exit enabled() [{r['setting']:12}] {r['modules']:5d} modules: median {r['median_ms']:.4f} ms"
-              f" (p90 {r['p90_ms']:.4f})  {r['note']}")
+        print(
+            f"enter/exit enabled() [{r['setting']:12}] {r['modules']:5d} modules: median {r['median_ms']:.4f} ms"
+            f" (p90 {r['p90_ms']:.4f})  {r['note']}"
+        )
     calls = results.get("calls")
     if calls and "error" not in calls:
-        print(f"\nper call on the fake backend, 2x2x2 (a+c flattened), {calls['rounds']} interleaved rounds "
-              f"x {calls['batch']} calls:")
+        print(
+            f"\nper call on the fake backend, 2x2x2 (a+c flattened), {calls['rounds']} interleaved rounds "
+            f"x {calls['batch']} calls:"
+        )
         for row in calls["rows"]:
-            print(f"  {row['transition']:22} collectives torch {row['collectives'][0]} ours {row['collectives'][1]}"
-                  f"  torch {row['torch_us']:7.1f} us  ours {row['ours_us']:7.1f} us  ratio {row['median']:.3f}"
-                  f"  [{row['group']}]")
+            print(
+                f"  {row['transition']:22} collectives torch {row['collectives'][0]} ours {row['collectives'][1]}"
+                f"  torch {row['torch_us']:7.1f} us  ours {row['ours_us']:7.1f} us  ratio {row['median']:.3f}"
+                f"  [{row['group']}]"
+            )
         for g, s in calls["groups"].items():
-            print(f"  {g:6} plans: median ratio {s['median']:.3f}, 95% CI [{s['ci95'][0]:.3f}, "
-                  f"{s['ci95'][1]:.3f}] ({s['verdict']})")
+            print(
+                f"  {g:6} plans: median ratio {s['median']:.3f}, 95% CI [{s['ci95'][0]:.3f}, "
+                f"{s['ci95'][1]:.3f}] ({s['verdict']})"
+            )
     elif calls:
         print(f"per call: not measured: {calls['error']}")
     sym = results.get("sympy")
     if sym:
-        print(f"\nsympy calls in {sym.get('cached_calls')} cached routed calls: {sym.get('sympy_calls', sym)}")
+        print(
+            f"\nsympy calls in {sym.get('cached_calls')} cached routed calls: {sym.get('sympy_calls', sym)}"
+        )
 
 
 def main(argv=None) -> None:
@@ -260,11 +299,13 @@ def main(argv=None) -> None:
         return
     results: dict = {}
     if args.part in ("enter", "all"):
-        results["enter"] = [dict(_in_subprocess(["--part", "enter", "--setting", s]), setting=s)
-                            for s in ENTER_SETTINGS]
+        results["enter"] = [
+            dict(_in_subprocess(["--part", "enter", "--setting", s]), setting=s) for s in ENTER_SETTINGS
+        ]
     if args.part in ("calls", "all"):
-        results["calls"] = _in_subprocess(["--part", "calls", "--rounds", str(args.rounds),
-                                           "--batch", str(args.batch)])
+        results["calls"] = _in_subprocess(
+            ["--part", "calls", "--rounds", str(args.rounds), "--batch", str(args.batch)]
+        )
     if args.part in ("sympy", "all"):
         results["sympy"] = _in_subprocess(["--part", "sympy"])
     _report(results)

@@ -107,7 +107,9 @@ def sim_shape(case: CorpusCase) -> tuple[tuple[int, ...], int]:
     sizes = case.spec().sizes
     sim = []
     for d, length in enumerate(case.shape):
-        m = math.prod(n for n, a, b in zip(sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b)))
+        m = math.prod(
+            n for n, a, b in zip(sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b))
+        )
         if m == 1:
             sim.append(min(length, 1))
         elif length % m == 0:
@@ -169,8 +171,9 @@ def _input(mesh, lm, src, shape, dtype):
             t = t + (key % 3)
         return t
 
-    return DTensor.from_local(lm.rank_map(local), mesh, list(src), run_check=False,
-                              shape=torch.Size(shape), stride=g.stride())
+    return DTensor.from_local(
+        lm.rank_map(local), mesh, list(src), run_check=False, shape=torch.Size(shape), stride=g.stride()
+    )
 
 
 def _group_table(spec) -> dict:
@@ -180,7 +183,8 @@ def _group_table(spec) -> dict:
     for k in range(1, len(real) + 1):
         for dims in itertools.combinations(real, k):
             ranks = tuple(
-                r for r in range(spec.num_ranks)
+                r
+                for r in range(spec.num_ranks)
                 if all(c == 0 for d, c in enumerate(_coords(r, spec.sizes)) if d not in dims)
             )
             table[ranks] = spec.group(dims)
@@ -280,15 +284,18 @@ def _verify_ours(spec, src, dst, sim, dtype, model, dt, mesh) -> dict:
             ],
             bytes=p.bytes_per_rank,
         )
-        checks[policy] = dict(ok=got == want and rec.get_total_counts() == len(rec.calls),
-                              executed=got, planned=want)
+        checks[policy] = dict(
+            ok=got == want and rec.get_total_counts() == len(rec.calls), executed=got, planned=want
+        )
     return checks
 
 
 RUN = "DTensor.redistribute run under LocalTensorMode on the fake backend at the simulation shape, recorded"
 
 
-def quality_bench(cases: Sequence[CorpusCase], *, cost_model=None, verify: bool = True, progress=None) -> dict:
+def quality_bench(
+    cases: Sequence[CorpusCase], *, cost_model=None, verify: bool = True, progress=None
+) -> dict:
     """:func:`redist_opt.tools.quality.quality_bench` with torch's side run (see the module
     doc); with ``verify``, the result's ``verify_failures`` lists our plans that did not
     issue what they claim."""
@@ -336,12 +343,22 @@ def format_report(result: dict) -> str:
 def main(argv=None) -> int:
     """Exit 0, 1 when ours is worse on some case or a verification failed, 2 on bad input."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)")
+    parser.add_argument(
+        "--corpus", default=None, metavar="FILE", help="a corpus JSON (default: the shipped one)"
+    )
     parser.add_argument("--corpus-case", action="append", metavar="ID", help="only this case (repeatable)")
-    parser.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
-                        help="only this category (repeatable)")
-    parser.add_argument("--profile", metavar="PROFILE",
-                        help="cost profile: nccl (default), gloo, gloo-ring or a JSON file from `redist-opt calibrate`")
+    parser.add_argument(
+        "--category",
+        action="append",
+        metavar="NAME",
+        choices=CATEGORIES,
+        help="only this category (repeatable)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help="cost profile: nccl (default), gloo, gloo-ring or a JSON file from `redist-opt calibrate`",
+    )
     parser.add_argument("--devices-per-host", type=int, metavar="N", help="ranks per host for the cost model")
     parser.add_argument("--no-verify", action="store_true", help="skip executing our simulation-shape plans")
     parser.add_argument("--json", metavar="FILE", help="also write the results to this JSON file")
@@ -352,7 +369,9 @@ def main(argv=None) -> int:
     except CliError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    result = quality_bench(cases, cost_model=model, verify=not args.no_verify, progress=quality.print_progress)
+    result = quality_bench(
+        cases, cost_model=model, verify=not args.no_verify, progress=quality.print_progress
+    )
     quality.write_report(args, result, format_report(result))
     return 1 if result["worse"] or result["verify_failures"] else 0
 

@@ -76,7 +76,12 @@ class MLP(torch.nn.Module):
 
 
 # Over tp: fc1 column-parallel, fc2 row-parallel (its bias replicated); over dp, cp: replicated.
-TP_PLACEMENTS = {"fc1.weight": Shard(0), "fc1.bias": Shard(0), "fc2.weight": Shard(1), "fc2.bias": Replicate()}
+TP_PLACEMENTS = {
+    "fc1.weight": Shard(0),
+    "fc1.bias": Shard(0),
+    "fc2.weight": Shard(1),
+    "fc2.bias": Replicate(),
+}
 
 
 def make_model_and_batch(mesh):
@@ -149,7 +154,9 @@ def _rank(rank: int, world: int, max_new_groups: int, profile: str) -> dict:
     for line in lines[0]:
         exec(line, {"mesh": mesh})  # what the user pastes after building the mesh
     follow = lambda: redist_opt.record(groups="existing")  # noqa: E731
-    runs["advised"] = _run_steps(mesh, [follow] + [lambda: redist_opt.enabled(groups="existing")] * (STEPS - 1))
+    runs["advised"] = _run_steps(
+        mesh, [follow] + [lambda: redist_opt.enabled(groups="existing")] * (STEPS - 1)
+    )
     after = _merged_on_rank0(runs["advised"]["records"][0])
     runs["torch_with_group"] = _run_steps(mesh, [contextlib.nullcontext] * STEPS)
     out = {"rank": rank, "flatten_lines": lines[0]}
@@ -166,10 +173,14 @@ def _rank(rank: int, world: int, max_new_groups: int, profile: str) -> dict:
     return out
 
 
-def run(nprocs: int = 8, max_new_groups: int = 1, profile: str = "nccl", timeout: float = 900.0) -> list[dict]:
+def run(
+    nprocs: int = 8, max_new_groups: int = 1, profile: str = "nccl", timeout: float = 900.0
+) -> list[dict]:
     """Every rank's results (rank 0's also hold the recording and the advice)."""
     if nprocs % 4 or nprocs < 4:
-        raise ValueError(f"nprocs={nprocs}: the mesh is 2 x 2 x (nprocs / 4), so nprocs must be a multiple of 4")
+        raise ValueError(
+            f"nprocs={nprocs}: the mesh is 2 x 2 x (nprocs / 4), so nprocs must be a multiple of 4"
+        )
     return run_ranks(_rank, nprocs, (max_new_groups, profile), timeout=timeout)
 
 
@@ -193,7 +204,9 @@ def per_step(results: list[dict], run_name: str, counter: str) -> list[int]:
     """``counter``'s collectives per step (every step) when every rank agrees; else raises."""
     seen = {tuple(r[run_name][counter]) for r in results}
     if len(seen) != 1:
-        raise AssertionError(f"{run_name}: ranks count different collectives per step ({counter}): {sorted(seen)}")
+        raise AssertionError(
+            f"{run_name}: ranks count different collectives per step ({counter}): {sorted(seen)}"
+        )
     return list(seen.pop())
 
 
@@ -209,7 +222,9 @@ def loss_agreement(results: list[dict]) -> dict:
             out["max_rel_diff"] = max(out["max_rel_diff"], abs(a - b) / max(abs(b), 1e-30))
     ref_params = [x for p in results[0]["torch"]["final_params"] for x in p]
     out["params_max_abs_diff"] = max(
-        abs(a - b) for n, _, _ in RUNS for a, b in zip((x for p in results[0][n]["final_params"] for x in p), ref_params)
+        abs(a - b)
+        for n, _, _ in RUNS
+        for a, b in zip((x for p in results[0][n]["final_params"] for x in p), ref_params)
     )
     for r in results:  # every rank reads the same (replicated) loss
         out["bitwise"] &= all(r[n]["losses"] == results[0][n]["losses"] for n, _, _ in RUNS)
@@ -228,15 +243,27 @@ def format_report(results: list[dict]) -> str:
     ]
     lines += ["  " + x for x in head["advice_text"].rstrip().splitlines()]
     gloo = head["gloo_profile_advice"]
-    lines += ["", f"with the built-in gloo profile instead: {len(gloo['groups'])} group(s) "
-              f"{[g['code'] for g in gloo['groups']]}; modelled step "
-              + ", ".join(f"{k} {gloo['total'][k]['time_s'] * 1e6:.0f} us" for k in ("torch", "existing", "advised"))]
+    lines += [
+        "",
+        f"with the built-in gloo profile instead: {len(gloo['groups'])} group(s) "
+        f"{[g['code'] for g in gloo['groups']]}; modelled step "
+        + ", ".join(
+            f"{k} {gloo['total'][k]['time_s'] * 1e6:.0f} us" for k in ("torch", "existing", "advised")
+        ),
+    ]
     lines += ["", "collectives per step (the same on every rank and every step):"]
     rows = [["run", "predicted", "CommDebugMode", "c10d wire", "wire by kind"]]
     for name, heading, _ in RUNS:
         kinds = ", ".join(f"{k} x{n}" for k, n in head[name]["wire_by_kind"][0].items())
-        rows.append([heading, str(predicted(results, name)), str(per_step(results, name, "comm_debug")[0]),
-                     str(per_step(results, name, "wire")[0]), kinds])
+        rows.append(
+            [
+                heading,
+                str(predicted(results, name)),
+                str(per_step(results, name, "comm_debug")[0]),
+                str(per_step(results, name, "wire")[0]),
+                kinds,
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     agree = loss_agreement(results)
@@ -244,15 +271,19 @@ def format_report(results: list[dict]) -> str:
     for name, heading, _ in RUNS:
         lines.append(f"  {heading:<44} {' '.join(repr(x) for x in agree['losses'][name])}")
     same = "bitwise equal" if agree["bitwise"] else f"max relative difference {agree['max_rel_diff']:.2e}"
-    lines.append(f"  losses across runs and ranks: {same}; parameters after {STEPS} steps: "
-                 f"max abs difference from torch's {agree['params_max_abs_diff']:.2e}")
+    lines.append(
+        f"  losses across runs and ranks: {same}; parameters after {STEPS} steps: "
+        f"max abs difference from torch's {agree['params_max_abs_diff']:.2e}"
+    )
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python examples/advise_gloo.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--nprocs", type=int, default=8, help="gloo ranks, a multiple of 4 (default 8)")
-    p.add_argument("--max-new-groups", type=int, default=1, help="advise at most this many groups (default 1)")
+    p.add_argument(
+        "--max-new-groups", type=int, default=1, help="advise at most this many groups (default 1)"
+    )
     p.add_argument("--profile", default="nccl", choices=("nccl", "gloo"), help="cost profile to advise with")
     p.add_argument("--out", help="folder for step.json and advice.{txt,json,svg}")
     args = p.parse_args(argv)

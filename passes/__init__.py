@@ -20,8 +20,8 @@ the IR's step table, ``redist_opt.ir.ops.STEP_VARIANTS``.
 from __future__ import annotations
 
 from .context import PassContext, RedistPass
-from .merge_all_gathers import MergeAllGathers
 from .merge_adjacent_all_to_alls import MergeAdjacentAllToAlls
+from .merge_all_gathers import MergeAllGathers
 from .merge_all_to_alls import MergeAllToAlls
 from .merge_gathers_across_dims import MergeGathersAcrossDims
 from .merge_reduce_scatters import MergeReduceScatters
@@ -51,4 +51,3 @@ DEFAULT_PIPELINE: list[type[RedistPass]] = [
     # Gathers of different tensor dims -> one all_gather of blocks + local reassembly.
     MergeGathersAcrossDims,
 ]
-

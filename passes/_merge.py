@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ._rewriter import StepRewriter
-from .context import Cost, GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
+
+from ._rewriter import StepRewriter
+from .context import Cost, GroupChoice, RedistPass
 
 
 @dataclasses.dataclass
@@ -142,7 +143,9 @@ class MergeRunPass(RedistPass):
         return self.ctx.bytes_of(run[members[0]].collective.args[0].meta["shape"])
 
     def merged(self, run, members, dims, state: S.ShardState) -> ir.StepInfo:
-        return S.merged_step([run[m].step for m in members], dims, run[members[0]].step.index, self.ctx.mesh.sizes)
+        return S.merged_step(
+            [run[m].step for m in members], dims, run[members[0]].step.index, self.ctx.mesh.sizes
+        )
 
     def made_reason(self, block: Block) -> str:
         return block.why

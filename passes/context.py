@@ -33,7 +33,7 @@ class Cost:
     collectives: int
     nbytes: int
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(self.time + other.time, self.collectives + other.collectives, self.nbytes + other.nbytes)
 
 
@@ -101,7 +101,9 @@ class PassContext:
                 tried.append(f"a communicator over {_fmt(group)} ranks its members in another order")
             elif list(group.dims) == sorted(group.dims):
                 extra = self.cost.group_creation_time(group, self.mesh)
-                return GroupChoice(group, "create", extra), f"groups={self._policy_str()} creates {_fmt(group)}"
+                return GroupChoice(
+                    group, "create", extra
+                ), f"groups={self._policy_str()} creates {_fmt(group)}"
             else:
                 tried.append("DeviceMesh flattens mesh dims in ascending order only")
         return None, "; ".join(dict.fromkeys(tried)) + f" (groups={self._policy_str()})"
@@ -137,8 +139,9 @@ class PassContext:
                 total = total + Cost(time, 1, nbytes)
         return total
 
-    def profitable(self, before: Cost, after: Cost, *, what: str = "the rewrite",
-                   trades_bytes: bool = False) -> tuple[bool, str]:
+    def profitable(
+        self, before: Cost, after: Cost, *, what: str = "the rewrite", trades_bytes: bool = False
+    ) -> tuple[bool, str]:
         """Whether replacing collectives costing ``before`` by ones costing ``after`` pays,
         and why (``what`` names the new collectives in the reason). The rule of every pass:
 

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import math
 
-from ._rewriter import StepRewriter
-from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir import symbolic as sym
+
+from ._rewriter import StepRewriter
+from .context import RedistPass
 
 
 class MergeAdjacentAllToAlls(RedistPass):
@@ -80,7 +81,7 @@ class MergeAdjacentAllToAlls(RedistPass):
         if not all(any(mesh.sizes[d] > 1 for d in ds) for ds in (da, db)):
             return None
         order = states[t].order.get(i, [])
-        if tuple(order[-len(real):]) != real:
+        if tuple(order[-len(real) :]) != real:
             self.note(False, label, f"tensor dim {i} is not sharded by {real} innermost")
             return None
         choice, why = ctx.choose_group(dims)
@@ -88,7 +89,9 @@ class MergeAdjacentAllToAlls(RedistPass):
             self.note(False, label, why)
             return None
         parts = ((second.dst.dim, da), (first.dst.dim, db))
-        step = ir.StepInfo(second.index, dims, first.src, second.dst, (), variant="split_all_to_all", parts=parts)
+        step = ir.StepInfo(
+            second.index, dims, first.src, second.dst, (), variant="split_all_to_all", parts=parts
+        )
         step = S.with_state_logical_shape(step, states[t], ctx.shape, mesh)
         shape = list(regs[t].nodes[0].args[0].meta["shape"])
         counts = tuple(mesh.sizes[d] for d in real)

@@ -50,8 +50,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import _merge
 from redist_opt.ir import steps as S
+
+from . import _merge
 
 
 class MergeAllGathers(_merge.MergeRunPass):
@@ -74,8 +75,12 @@ class MergeAllGathers(_merge.MergeRunPass):
         choice, why = self.ctx.choose_group(order)  # condition 4: gather in rank order, permute
         if choice is None:
             return block
-        cost = _merge.Cost(self.ctx.collective_time(self.kind, choice, block.cost.nbytes), 1, block.cost.nbytes)
-        return _merge.Block(members, choice.group.dims, choice, why + "; blocks permuted to shard order", cost)
+        cost = _merge.Cost(
+            self.ctx.collective_time(self.kind, choice, block.cost.nbytes), 1, block.cost.nbytes
+        )
+        return _merge.Block(
+            members, choice.group.dims, choice, why + "; blocks permuted to shard order", cost
+        )
 
     def merged(self, run, members, dims, state):
         step = super().merged(run, members, dims, state)

@@ -51,11 +51,12 @@ import math
 
 from torch.distributed.tensor.placement_types import Shard
 
-from ._rewriter import StepRewriter
-from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir import symbolic as sym
+
+from ._rewriter import StepRewriter
+from .context import RedistPass
 
 
 class MergeAllToAlls(RedistPass):
@@ -119,7 +120,7 @@ class MergeAllToAlls(RedistPass):
             return None
         order = states[used[0]].order.get(src_dim, [])
         dims = d1 + d2
-        if tuple(order[-len(dims):]) != dims:
+        if tuple(order[-len(dims) :]) != dims:
             self.note(False, label, f"tensor dim {src_dim} is not sharded by {dims} innermost")
             return None
         choice, why = ctx.choose_group(dims)

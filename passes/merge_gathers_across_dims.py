@@ -55,10 +55,11 @@ from __future__ import annotations
 
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-from . import _merge
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir import symbolic as sym
+
+from . import _merge
 
 
 def _parts(step: ir.StepInfo) -> tuple:
@@ -91,7 +92,8 @@ class MergeGathersAcrossDims(_merge.MergeRunPass):
                 # gathers of other tensor dims commute (steps.commute); gathers of the
                 # same tensor dim (one merge key) compose as one nested gather
                 and all(
-                    S.commute(r.step, regs[j].step) is None or S.merge_key(r.step) == S.merge_key(regs[j].step)
+                    S.commute(r.step, regs[j].step) is None
+                    or S.merge_key(r.step) == S.merge_key(regs[j].step)
                     for r in regs[i:j]
                 )
             ):
@@ -121,8 +123,10 @@ class MergeGathersAcrossDims(_merge.MergeRunPass):
         for t, dims in self._dims_by_tensor_dim(run).items():
             real = [d for d in dims if mesh.sizes[d] > 1]
             order = state.order.get(t, [])
-            if real and order[-len(real):] != real:
-                return f"tensor dim {t} is not sharded by {tuple(real)} innermost (shard order {tuple(order)})"
+            if real and order[-len(real) :] != real:
+                return (
+                    f"tensor dim {t} is not sharded by {tuple(real)} innermost (shard order {tuple(order)})"
+                )
         return None
 
     def partitions(self, run):
@@ -134,7 +138,9 @@ class MergeGathersAcrossDims(_merge.MergeRunPass):
             if len(m) == 1:
                 return True
             dims = [d for k in m for d in run[k].step.mesh_dims]
-            return len({t for k in m for t, _ in _parts(run[k].step)}) >= 2 and mesh.rank_order(dims) is not None
+            return (
+                len({t for k in m for t, _ in _parts(run[k].step)}) >= 2 and mesh.rank_order(dims) is not None
+            )
 
         for part in _merge.contiguous_partitions(len(run)):
             if all(ok(m) for m in part):

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 
-from . import _merge
 from redist_opt.ir import symbolic as sym
+
+from . import _merge
 
 
 class MergeReduceScatters(_merge.MergeRunPass):

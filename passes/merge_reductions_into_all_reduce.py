@@ -48,12 +48,13 @@ from __future__ import annotations
 
 from torch.distributed.tensor.placement_types import Replicate
 
-from . import _merge
-from ._rewriter import StepRewriter
-from .context import GroupChoice, RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir.placements import partial_of
+
+from . import _merge
+from ._rewriter import StepRewriter
+from .context import GroupChoice, RedistPass
 
 _KINDS = ("all_reduce", "reduce_scatter")
 

@@ -49,11 +49,12 @@ from __future__ import annotations
 
 import math
 
-from ._rewriter import StepRewriter
-from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
 from redist_opt.ir import symbolic as sym
+
+from ._rewriter import StepRewriter
+from .context import RedistPass
 
 
 class ReduceScatterCreator(RedistPass):
@@ -105,7 +106,9 @@ class ReduceScatterCreator(RedistPass):
         if not ok:
             self.note(False, label, reason)
             return None
-        self.note(True, f"{label} -> {S.step_label(rs, mesh)}", "the chunk keeps the rank's reduce_scatter piece")
+        self.note(
+            True, f"{label} -> {S.step_label(rs, mesh)}", "the chunk keeps the rank's reduce_scatter piece"
+        )
         return rs, False
 
     def _fold(self, prev, ar, rs, state, label) -> ir.StepInfo | None:

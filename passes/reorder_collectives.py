@@ -49,9 +49,10 @@ import dataclasses
 import networkx as nx
 from torch.fx.passes.infra.pass_base import PassResult
 
-from .context import RedistPass
 from redist_opt import ir
 from redist_opt.ir import steps as S
+
+from .context import RedistPass
 
 _PRIORITY = {
     "chunk": 0,
@@ -82,7 +83,11 @@ class ReorderCollectives(RedistPass):
             first_of_key.setdefault(S.merge_key(r.step, dtype) or ("local", i), i)
         keys = [
             lambda i: (_PRIORITY[regs[i].step.kind], i),
-            lambda i: (_PRIORITY[regs[i].step.kind], first_of_key[S.merge_key(regs[i].step, dtype) or ("local", i)], i),
+            lambda i: (
+                _PRIORITY[regs[i].step.kind],
+                first_of_key[S.merge_key(regs[i].step, dtype) or ("local", i)],
+                i,
+            ),
         ]
         identity = list(range(len(regs)))
         candidates = [identity]
@@ -110,9 +115,10 @@ class ReorderCollectives(RedistPass):
         # faster with as many collectives as the original would have without it.
         budget = self._score(graph_module, regs, identity, byte_safe=True) if base[3] else base
         eligible = [
-            (sc, o) for sc, o in scored
+            (sc, o)
+            for sc, o in scored
             if sc[1] <= budget[1] and (sc[2] <= budget[2] or (sc[3] and sc[2] <= base[2]))
-        ]  # fmt: skip
+        ]
         best_score, best = min(eligible, key=lambda so: (so[0][0], so[0][1], so[0][2]))
         if best == identity or best_score[0] >= base[0]:
             return PassResult(graph_module, False)

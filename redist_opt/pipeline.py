@@ -40,9 +40,9 @@ from torch.fx.passes.infra.pass_manager import PassManager, this_before_that_pas
 
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import Note, Plan
-from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.passes import (
     DEFAULT_PIPELINE,
@@ -75,8 +75,9 @@ ORDER = [
 ]
 
 
-def run_pipeline(p: Plan, options: PlanOptions | None = None, *, on_change: OnChange | None = None,
-                 **fields) -> Plan:
+def run_pipeline(
+    p: Plan, options: PlanOptions | None = None, *, on_change: OnChange | None = None, **fields
+) -> Plan:
     """``p`` optimized under ``options`` (or ``PlanOptions.of(options, **fields)``)."""
     options = PlanOptions.of(options, **fields)
     if options.cost is None:  # $REDIST_OPT_COST_PROFILE, else the mesh backend's profile
@@ -107,13 +108,20 @@ def _within_cap(p: Plan, result: Plan, options: PlanOptions, source) -> Plan:
         merged = _run_cached(p, dataclasses.replace(options, prefer="consistency"), source)
         if merged.num_collectives <= cap:
             candidates.append(merged)
-    candidates.append(torch_plan.replace(
-        applied_passes=("torch-merges",), notes=result.notes, cost_profile=result.cost_profile))
+    candidates.append(
+        torch_plan.replace(
+            applied_passes=("torch-merges",), notes=result.notes, cost_profile=result.cost_profile
+        )
+    )
     best = min(candidates, key=lambda o: (options.cost.plan_time(o), o.bytes_per_rank))
-    note = Note("collective-cap", True, f"kept a plan of {best.num_collectives} collectives",
-                f"the passes' plan issues {result.num_collectives} collectives, torch 2.13 issues {cap}; "
-                f"max_collectives='torch' keeps the fastest plan within torch's count "
-                f"(pass max_collectives='any' to trade launches for bytes)")
+    note = Note(
+        "collective-cap",
+        True,
+        f"kept a plan of {best.num_collectives} collectives",
+        f"the passes' plan issues {result.num_collectives} collectives, torch 2.13 issues {cap}; "
+        f"max_collectives='torch' keeps the fastest plan within torch's count "
+        f"(pass max_collectives='any' to trade launches for bytes)",
+    )
     return best.replace(notes=tuple(best.notes) + (note,))
 
 
@@ -151,14 +159,22 @@ def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
     if not pass_classes:
         return p
     ctx = PassContext(
-        mesh=p.mesh, shape=p.shape, src=p.src, dtype=p.dtype, groups=options.groups, cost=options.cost,
-        prefer=options.prefer, pipeline=tuple(pass_classes),
-    )  # fmt: skip
+        mesh=p.mesh,
+        shape=p.shape,
+        src=p.src,
+        dtype=p.dtype,
+        groups=options.groups,
+        cost=options.cost,
+        prefer=options.prefer,
+        pipeline=tuple(pass_classes),
+    )
     profile = f"{options.cost.name} ({source})"
     changed: list[str] = []
 
     def snapshot(gm) -> Plan:
-        return p.replace(graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile)
+        return p.replace(
+            graph=gm, applied_passes=tuple(changed), notes=tuple(ctx.notes), cost_profile=profile
+        )
 
     report = None
     if on_change is not None:
@@ -168,13 +184,18 @@ def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
             on_change(pass_name, snapshot(gm))
 
     instances = [_Tracked(cls(ctx), changed, report) for cls in pass_classes]
-    manager = PassManager(passes=instances, constraints=_constraints(instances), run_checks_after_each_pass=True)
+    manager = PassManager(
+        passes=instances, constraints=_constraints(instances), run_checks_after_each_pass=True
+    )
     try:
         manager.validate_constraints()  # refuse a list that breaks ORDER; never re-sort it
     except RuntimeError:
         names = [cls.name for cls in pass_classes]
-        broken = [f"{a.name} before {b.name}" for a, b in ORDER if a.name in names and b.name in names
-                  and names.index(a.name) > names.index(b.name)]  # fmt: skip
+        broken = [
+            f"{a.name} before {b.name}"
+            for a, b in ORDER
+            if a.name in names and b.name in names and names.index(a.name) > names.index(b.name)
+        ]
         raise ValueError(f"pass order {names} breaks the pipeline's order: {', '.join(broken)}") from None
     manager.add_checks(_verifier(p))
     # Passes build new graphs (steps.relower) and never mutate their input.

@@ -76,6 +76,7 @@ def pytest_configure(config):
 # Scheduling: long units first, by folder and marker (no test names here)
 # ----------------------------------------------------------------------------
 
+
 def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 

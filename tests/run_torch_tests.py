@@ -20,23 +20,23 @@ import subprocess
 import sys
 import tempfile
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 try:  # lets newer test files import on torch 2.13
     import torch.distributed.tensor._redistribute as _r
     if not hasattr(_r, "_assert_no_mixed_partial_types"):
         _r._assert_no_mixed_partial_types = lambda *a, **k: None
 except Exception:
     pass
-'''
+"""
 
-ROUTED = '''
+ROUTED = """
 import atexit as _atexit
 import redist_opt as _redist_opt
 
 _REDIST_OPT_ROUTE = _redist_opt.enabled(groups={groups!r})
 _REDIST_OPT_ROUTE.__enter__()
 _atexit.register(_REDIST_OPT_ROUTE.__exit__, None, None, None)
-'''
+"""
 
 
 def main(argv=None) -> int:
@@ -50,7 +50,9 @@ def main(argv=None) -> int:
             f.write(text)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([site] + [p for p in [env.get("PYTHONPATH")] if p])
-        return subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args], env=env)
+        return subprocess.call(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args], env=env
+        )
 
 
 if __name__ == "__main__":

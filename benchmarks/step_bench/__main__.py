@@ -16,17 +16,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.step_bench", description=__doc__.splitlines()[0])
     runner.add_step_arguments(p)
     p.add_argument(
-        "--wall", action="store_true",
+        "--wall",
+        action="store_true",
         help="time the step instead: torch and redist_opt interleaved, ratios with 95%% intervals "
         "(a markdown table; default configs: the 4-rank wall configs)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--rounds", type=int, default=30, help="--wall: timed rounds, one step per variant each (default 30)"
     )
     p.add_argument(
-        "--wall-compiler", action="append", choices=wall.COMPILERS,
+        "--wall-compiler",
+        action="append",
+        choices=wall.COMPILERS,
         help="--wall: eager (enabled() per step), inductor or aot_eager (repeatable; default all)",
-    )  # fmt: skip
+    )
     return p
 
 

@@ -249,8 +249,13 @@ def _parallelize_classic_tp(model, tp_mesh) -> None:
     from torch.distributed.tensor import DTensor, Replicate, distribute_module
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    colwise = ("attention.qkv_linear.wq", "attention.qkv_linear.wk", "attention.qkv_linear.wv",
-               "feed_forward.w1", "feed_forward.w3")  # fmt: skip
+    colwise = (
+        "attention.qkv_linear.wq",
+        "attention.qkv_linear.wk",
+        "attention.qkv_linear.wv",
+        "feed_forward.w1",
+        "feed_forward.w3",
+    )
     rowwise = ("attention.wo", "feed_forward.w2")
     plan: dict = {"lm_head": ColwiseParallel(output_layouts=Replicate())}
     for name, _ in model.layers.named_children():

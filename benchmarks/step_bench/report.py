@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections import Counter
 
 COMPILED = ("compiled", "compiled_inductor", "compiled_ours", "compiled_ours_aot_eager")
-BASELINE = {"existing": "plain", "create": "plain", "compiled": "plain", "compiled_inductor": "plain",
-            "compiled_ours": "compiled_inductor", "compiled_ours_aot_eager": "compiled", "plain": None}
+BASELINE = {
+    "existing": "plain",
+    "create": "plain",
+    "compiled": "plain",
+    "compiled_inductor": "plain",
+    "compiled_ours": "compiled_inductor",
+    "compiled_ours_aot_eager": "compiled",
+    "plain": None,
+}
 
 
 LOSS_RTOL = 1e-6  # sums regrouped (reassociation, merged reductions) may round differently
@@ -151,8 +158,10 @@ def _graph_pass_cell(gp: list) -> str:
     refused = sum(len(g["not_raised"]) for g in gp)
     folded = sum(g.get("reassociated", 0) for g in gp)
     combined = sum(g.get("combined", 0) for g in gp)
-    return (f"graphs {len(gp)}, chains {chains}, rewritten {rewritten}, not raised {refused}, "
-            f"all_reduces removed by reassociation {folded}, collectives removed by combining {combined}")
+    return (
+        f"graphs {len(gp)}, chains {chains}, rewritten {rewritten}, not raised {refused}, "
+        f"all_reduces removed by reassociation {folded}, collectives removed by combining {combined}"
+    )
 
 
 def _phase_cell(phase: dict | None) -> str:

@@ -8,10 +8,10 @@ import json
 import sys
 import time
 
-from redist_opt.tools.spawn import SpawnError, run_ranks
 from benchmarks.step_bench import report
 from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.worker import MODES, run_config
+from redist_opt.tools.spawn import SpawnError, run_ranks
 
 WORLDS = (4, 8)
 TORCHTITAN_VERSION = "0.3.0"
@@ -19,7 +19,9 @@ INSTALL_HINT = 'pip install -c constraints.txt -e ".[frameworks]"'
 CONFIG_NAMES = ("fsdp2_tp", "simplefsdp_tp", "full_dtensor", "tp_classic")
 MESHES = ((2, 2, 2), (1, 4, 2))  # dp_replicate x dp_shard x tp
 # tp_classic is tensor parallelism alone (torch's parallelize_module plan on the tp mesh)
-CONFIGS = tuple(StepConfig(n, *m) for n in CONFIG_NAMES[:-1] for m in MESHES) + (StepConfig("tp_classic", 1, 1, 8),)
+CONFIGS = tuple(StepConfig(n, *m) for n in CONFIG_NAMES[:-1] for m in MESHES) + (
+    StepConfig("tp_classic", 1, 1, 8),
+)
 
 
 def torchtitan_missing() -> str | None:
@@ -55,7 +57,14 @@ def parse_config(text: str) -> StepConfig:
 
 
 def run_step_bench(
-    configs, modes=MODES, *, steps: int = 4, warmup: int = 1, save: bool = False, timeout: float = 1800.0, log=print
+    configs,
+    modes=MODES,
+    *,
+    steps: int = 4,
+    warmup: int = 1,
+    save: bool = False,
+    timeout: float = 1800.0,
+    log=print,
 ):
     """Every mode of every config on its mesh's gloo ranks; a list of :func:`report.summarize` results.
 
@@ -73,19 +82,23 @@ def run_step_bench(
 
 def add_step_arguments(p) -> None:
     p.add_argument(
-        "--step-config", action="append",
+        "--step-config",
+        action="append",
         help=f"a config NAME:RxSxT[:DIM] (repeatable; names {', '.join(CONFIG_NAMES)}; RxSxT: "
         "dp_replicate x dp_shard x tp on 4 or 8 ranks; DIM: hidden size, default 128); "
         "default all on 2x2x2 and 1x4x2 (--wall: the 4-rank wall configs)",
-    )  # fmt: skip
+    )
     p.add_argument("--step-mode", action="append", choices=MODES, help="a mode (repeatable; default all)")
     p.add_argument("--steps", type=int, default=4, help="training steps per mode (default 4)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2; --wall: 3 per variant)")
     p.add_argument(
-        "--step-save", action="store_true",
+        "--warmup", type=int, default=None, help="untimed steps first (default 2; --wall: 3 per variant)"
+    )
+    p.add_argument(
+        "--step-save",
+        action="store_true",
         help="after the steps, gather every parameter as a full checkpoint save does "
         "(counted in its own 'save' column)",
-    )  # fmt: skip
+    )
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before giving up on the ranks")
 
@@ -109,10 +122,14 @@ def cmd_step(args) -> int:
     warmup = min(2 if args.warmup is None else args.warmup, max(0, args.steps - 1))
     try:
         results = run_step_bench(
-            configs, modes, steps=args.steps, warmup=warmup, save=args.step_save,
+            configs,
+            modes,
+            steps=args.steps,
+            warmup=warmup,
+            save=args.step_save,
             timeout=args.timeout,
             log=lambda s: print(s, flush=True),
-        )  # fmt: skip
+        )
     except SpawnError as e:
         print(f"step bench: {e}", file=sys.stderr)
         return 1
@@ -123,7 +140,9 @@ def cmd_step(args) -> int:
         print("\n" + details)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"part": "step", "steps": args.steps, "warmup": warmup, "results": results}, f, indent=1)
+            json.dump(
+                {"part": "step", "steps": args.steps, "warmup": warmup, "results": results}, f, indent=1
+            )
             f.write("\n")
         print(f"\nwrote {args.json}")
     return 0

@@ -60,7 +60,7 @@ def bootstrap_interval(
 
 
 def verdict(interval: tuple[float, float]) -> str:
-    """"no change" when the interval contains 1; otherwise "ours faster" or "ours slower"."""
+    """ "no change" when the interval contains 1; otherwise "ours faster" or "ours slower"."""
     lo, hi = interval
     if lo <= 1.0 <= hi:
         return "no change"

@@ -24,7 +24,9 @@ WALL_CONFIGS = (
 )
 
 
-def run_wall_bench(configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, log=print) -> list:
+def run_wall_bench(
+    configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, log=print
+) -> list:
     """Every config's :func:`summarize` result, one spawned job per config."""
     from redist_opt.tools.spawn import run_ranks
 
@@ -105,9 +107,13 @@ def cmd_wall(args, configs: list) -> int:
     note_load(end="\n\n")
     try:
         results = run_wall_bench(
-            configs, compilers, rounds=args.rounds, warmup=args.warmup, timeout=args.timeout,
+            configs,
+            compilers,
+            rounds=args.rounds,
+            warmup=args.warmup,
+            timeout=args.timeout,
             log=lambda s: print(s, flush=True),
-        )  # fmt: skip
+        )
     except SpawnError as e:
         print(f"step bench --wall: {e}", file=sys.stderr)
         return 1
@@ -125,7 +131,11 @@ def cmd_wall(args, configs: list) -> int:
         import json
 
         with open(args.json, "w") as f:
-            json.dump({"part": "wall", "rounds": args.rounds, "warmup": args.warmup, "results": results}, f, indent=1)
+            json.dump(
+                {"part": "wall", "rounds": args.rounds, "warmup": args.warmup, "results": results},
+                f,
+                indent=1,
+            )
             f.write("\n")
         print(f"\nwrote {args.json}")
     return 0

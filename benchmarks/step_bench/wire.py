@@ -53,7 +53,13 @@ KINDS = {
     "gather_": "gather",
     "scatter_": "scatter",
 }
-SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "all_to_all": "A2A", "broadcast": "BC"}
+SHORT = {
+    "all_reduce": "AR",
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+    "all_to_all": "A2A",
+    "broadcast": "BC",
+}
 _NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
@@ -109,7 +115,9 @@ class WireCounter(TorchDispatchMode):
         if func.namespace in _NAMESPACES:
             kind = KINDS.get(func._schema.name.split("::")[-1])
             if kind is not None:
-                self.calls.append(Collective(kind, _group_size(args, kwargs), _nbytes(args[0] if args else None)))
+                self.calls.append(
+                    Collective(kind, _group_size(args, kwargs), _nbytes(args[0] if args else None))
+                )
         return func(*args, **kwargs)
 
 
@@ -178,6 +186,7 @@ class TransitionLog:
 
     def wrap(self, fn, routed: bool):
         """``fn`` (torch's or redist_opt's routed function), recording what each call did."""
+
         def recorded(local_tensor, current_spec, target_spec, *args, **kwargs):
             start = len(self.counter.calls)
             errors._warned.clear()  # a hand-back warns once per reason: make every call say why

@@ -17,11 +17,19 @@ import warnings
 import torch
 
 import redist_opt
-from redist_opt.graph import graph_pass
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
+from redist_opt.graph import graph_pass
 
-MODES = ("plain", "existing", "compiled", "compiled_inductor", "compiled_ours", "compiled_ours_aot_eager", "create")
+MODES = (
+    "plain",
+    "existing",
+    "compiled",
+    "compiled_inductor",
+    "compiled_ours",
+    "compiled_ours_aot_eager",
+    "create",
+)
 # The backend each compiled mode compiles every TransformerBlock with.
 COMPILE_BACKENDS = {
     "compiled": lambda: "aot_eager",
@@ -106,7 +114,10 @@ def batches_for(dims, steps: int) -> list:
     batch_rank = dims.get_mesh("batch").get_local_rank() if dims.dp_enabled else 0
     g = torch.Generator().manual_seed(1000 + batch_rank)
     return [
-        (torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g), torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g))
+        (
+            torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g),
+            torch.randint(0, M.VOCAB, (1, M.SEQ), generator=g),
+        )
         for _ in range(steps)
     ]
 

@@ -102,12 +102,19 @@ def _flattened_of_spec(spec: MeshSpec) -> list[dict]:
     for layout in spec.flattened_layouts:
         dims = L.dims_of_layout(layout, spec.dim_layouts, min_dims=2)
         named = None if dims is None else [spec.names[d] if spec.names else d for d in dims]
-        out.append({"name": "_".join(map(str, named)) if named else None, "root_dims": named,
-                    "layout": layout_json(layout)})
+        out.append(
+            {
+                "name": "_".join(map(str, named)) if named else None,
+                "root_dims": named,
+                "layout": layout_json(layout),
+            }
+        )
     return out
 
 
-def mesh_record_of_spec(spec: MeshSpec, root: dict | None = None, flattened: Sequence[dict] | None = None) -> dict:
+def mesh_record_of_spec(
+    spec: MeshSpec, root: dict | None = None, flattened: Sequence[dict] | None = None
+) -> dict:
     """A recording's mesh entry for ``spec`` (``root``: the root mesh's sizes and names,
     default: the mesh itself; ``flattened``: the root's flattened meshes, default: every
     group ``spec`` lists, as a rank-free spec's groups are the ones the user flattened)."""
@@ -170,7 +177,9 @@ def candidates(meshes: Sequence[dict]) -> list[Candidate]:
                 if not group.layout.check_orthogonal() or spec.group_exists(group):
                     continue
                 names = tuple(spec.names[d] for d in dims) if spec.names else None
-                out.setdefault((_root_key(mesh), group.layout), Candidate(i, dims, names, group.layout, _root_key(mesh)))
+                out.setdefault(
+                    (_root_key(mesh), group.layout), Candidate(i, dims, names, group.layout, _root_key(mesh))
+                )
     return list(out.values())
 
 
@@ -355,7 +364,12 @@ def _site_table(planner: _Planner, chosen: Sequence[Candidate]) -> dict:
         model = planner.models[e["mesh"]][0]
         # torch's shipped plan: its merge pass over the groups it finds (MeshSpec.torch_flattened)
         shipped = [torch_merged_plan(before[0]), torch_merged_plan(after[0])]
-        pairs = (("torch", shipped[0]), ("existing", before[1]), ("advised", after[1]), ("torch_advised", shipped[1]))
+        pairs = (
+            ("torch", shipped[0]),
+            ("existing", before[1]),
+            ("advised", after[1]),
+            ("torch_advised", shipped[1]),
+        )
         for key, plan in pairs:
             rows[key].add(plan, model, e["count"])
             totals[key].add(plan, model, e["count"])

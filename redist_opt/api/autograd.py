@@ -27,8 +27,9 @@ def _at_dtype(dtensor: DTensor, dtype: torch.dtype):
     return local.to(dtype=dtype), tdt.spec_with_dtype(spec, dtensor, dtype)
 
 
-def apply_redistribute(dtensor: DTensor, device_mesh, placements, async_op: bool, dtype_config: dict,
-                       options: PlanOptions) -> DTensor:
+def apply_redistribute(
+    dtensor: DTensor, device_mesh, placements, async_op: bool, dtype_config: dict, options: PlanOptions
+) -> DTensor:
     """``dtensor`` redistributed to ``placements``, differentiable (twice, like torch's).
 
     ``dtype_config``: {"forward": (op dtype, out dtype), "backward": (op dtype, out

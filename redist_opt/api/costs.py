@@ -62,9 +62,13 @@ def plan_cost(current_spec, target_spec, options: PlanOptions):
     if torch_cost_reason(current_spec, target_spec) is not None:
         return None
     naive, opt = plans_for(
-        spec_of(current_spec.mesh), current_spec.placements, target_spec.placements,
-        tuple(current_spec.shape), current_spec.tensor_meta.dtype, options,
-    )  # fmt: skip
+        spec_of(current_spec.mesh),
+        current_spec.placements,
+        target_spec.placements,
+        tuple(current_spec.shape),
+        current_spec.tensor_meta.dtype,
+        options,
+    )
     if naive.fallback:
         return None
     model = options.cost if options.cost is not None else cost_module.resolve(opt.mesh)[0]
@@ -85,7 +89,10 @@ def redistribute_cost(current_spec, target_spec, *, options: PlanOptions | None 
         return INF
     if not L.rank_in_mesh(current_spec.mesh):
         return 0.0
-    if current_spec.placements == target_spec.placements and current_spec.shard_order == target_spec.shard_order:
+    if (
+        current_spec.placements == target_spec.placements
+        and current_spec.shard_order == target_spec.shard_order
+    ):
         return 0.0
     priced = plan_cost(current_spec, target_spec, options)
     if priced is None:

@@ -136,7 +136,9 @@ def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions)
 def _remember_call(current_spec, target_spec, local_tensor, options, run) -> None:
     if len(_cached_calls) > _CACHED_CALLS_LIMIT:
         _cached_calls.clear()
-    _cached_calls[(current_spec, target_spec, local_tensor.dtype, options)] = _CachedCall(current_spec.mesh, run)
+    _cached_calls[(current_spec, target_spec, local_tensor.dtype, options)] = _CachedCall(
+        current_spec.mesh, run
+    )
 
 
 planning.CLEAR_HOOKS.append(_cached_calls.clear)
@@ -201,7 +203,12 @@ def _mask_partials(current_spec, target_spec):
     if len(masked) > 1 or (masked and len(changed) > 1):
         # torch applies each mask right before its own step's reduction; with other
         # steps in between, zeroing up front would not be the same computation.
-        return "a _MaskPartial changes together with other mesh dims (its mask applies mid-plan)", src, dst, ()
+        return (
+            "a _MaskPartial changes together with other mesh dims (its mask applies mid-plan)",
+            src,
+            dst,
+            (),
+        )
     if masked and tdt.is_mask_partial(dst[masked[0]]) and not src[masked[0]].is_replicate():
         return "only Replicate becomes _MaskPartial (torch's mask partition)", src, dst, ()
     src = tuple(Partial("sum") if tdt.is_mask_partial(q) else q for q in src)

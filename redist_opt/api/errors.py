@@ -14,6 +14,7 @@ __all__ = ["check_groups", "warn_once", "torch_typed", "as_torch_error"]
 
 logger = logging.getLogger("redist_opt")
 
+
 def check_groups(groups) -> None:
     """Refuse a ``groups=`` value ``PlanOptions`` refuses (lists are checked against
     the mesh by ``optimize``)."""

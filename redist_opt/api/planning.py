@@ -9,8 +9,8 @@ import torch
 from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt import pipeline
-from redist_opt.debug import dump
 from redist_opt.api.specs import as_spec, clear_spec_cache
+from redist_opt.debug import dump
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import plan as plan_module
 from redist_opt.ir.options import PlanOptions

@@ -52,9 +52,10 @@ def redistribute(
     if placements is None:
         raise torch_typed(RuntimeError, "placements is needed for redistribute!")
     if device_mesh != dtensor.device_mesh:
-        raise torch_typed(NotImplementedError,
+        raise torch_typed(
+            NotImplementedError,
             f"redistributing to another mesh ({device_mesh}) is not supported (DTensor's is "
-            f"{dtensor.device_mesh})"
+            f"{dtensor.device_mesh})",
         )
     target = normalize_placements(
         placements, mesh_shape=tuple(device_mesh.shape), tensor_ndim=dtensor.ndim, role="target"
@@ -66,7 +67,7 @@ def redistribute(
                 RuntimeError,
                 f"Can not redistribute from {placement_str(dtensor.placements[i])} to "
                 f"{placement_str(p)} on mesh dim {i}: redistributing to Partial is for "
-                "internal use only (use redist_opt.plan for such plans)"
+                "internal use only (use redist_opt.plan for such plans)",
             )
     input_dtype = tdt.local_tensor_of(dtensor).dtype
     forward_dtype = forward_dtype or input_dtype

@@ -65,7 +65,9 @@ __all__ = ["RECORD_FORMAT", "Recording", "record", "call_site"]
 RECORD_FORMAT = "redist_opt.record/1"
 
 # Frames in these folders and files are not the user's call site.
-_SKIP_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, sys.modules["redist_opt"]))
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, sys.modules["redist_opt"])
+)
 _SKIP_FILES = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools, threading))
 
 
@@ -123,7 +125,9 @@ def call_site(frame) -> dict:
     stack = meta.get("nn_module_stack") or {}
     if stack:
         path, kind = list(stack.values())[-1]
-        site["module"] = f"{getattr(kind, '__name__', kind)} ({path})" if path else str(getattr(kind, "__name__", kind))
+        site["module"] = (
+            f"{getattr(kind, '__name__', kind)} ({path})" if path else str(getattr(kind, "__name__", kind))
+        )
     traced = _traced_location(meta)
     user = _user_frame(frame)
     if traced is not None:
@@ -205,7 +209,14 @@ class Recording:
 
     @staticmethod
     def _key(entry: dict) -> tuple:
-        return (entry["mesh"], entry["src"], entry["dst"], tuple(entry["shape"]), entry["dtype"], entry["site"]["label"])
+        return (
+            entry["mesh"],
+            entry["src"],
+            entry["dst"],
+            tuple(entry["shape"]),
+            entry["dtype"],
+            entry["site"]["label"],
+        )
 
     def _add(self, entry: dict, combine) -> None:
         key = self._key(entry)
@@ -235,7 +246,7 @@ class Recording:
             f.write("\n")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Recording":
+    def from_dict(cls, data: dict) -> Recording:
         if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
             fmt = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise RedistributeError(f"not a redist_opt recording: format {fmt!r} is not {RECORD_FORMAT!r}")
@@ -246,7 +257,7 @@ class Recording:
         return rec
 
     @classmethod
-    def load(cls, path) -> "Recording":
+    def load(cls, path) -> Recording:
         with open(path) as f:
             try:
                 data = json.load(f)
@@ -255,7 +266,7 @@ class Recording:
         return cls.from_dict(data)
 
     @classmethod
-    def merge(cls, records: Iterable) -> "Recording":
+    def merge(cls, records: Iterable) -> Recording:
         """One recording of several ranks' (paths, dicts or Recordings): meshes deduplicated,
         each redistribution's count the largest any rank recorded."""
         out = cls()
@@ -270,12 +281,16 @@ class Recording:
         return out
 
     # -- advice -----------------------------------------------------------------------
-    def advise(self, max_new_groups: int = 1, *, cost=None, cost_source: str = "given") -> "advice.Advice":
+    def advise(self, max_new_groups: int = 1, *, cost=None, cost_source: str = "given") -> advice.Advice:
         """Which at most ``max_new_groups`` flattened groups to create (see
         :func:`redist_opt.api.advice.advise`); ``cost``: a CostModel (default: the
         profile of each recorded mesh's backend, as ``optimize`` picks it)."""
         return advice.advise(
-            self.meshes, self.redistributions, max_new_groups=max_new_groups, cost=cost, cost_source=cost_source
+            self.meshes,
+            self.redistributions,
+            max_new_groups=max_new_groups,
+            cost=cost,
+            cost_source=cost_source,
         )
 
     def __repr__(self) -> str:

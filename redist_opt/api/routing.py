@@ -103,7 +103,9 @@ def _torch_only_reason(current_spec, target_spec, use_graph_based_transform, tor
         return "the source and target meshes differ"  # torch raises its own error for this
     if tdt.shape_is_symbolic(current_spec):
         return "the global shape is symbolic (dynamic shapes); redist_opt plans concrete shapes only"
-    return tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(current_spec, target_spec)
+    return tdt.needs_torch_planner(current_spec, target_spec) or _unlowered_reduce_op(
+        current_spec, target_spec
+    )
 
 
 def routed_redistribute_local_tensor(
@@ -122,25 +124,51 @@ def routed_redistribute_local_tensor(
         # Dynamo traces torch's own code; AOTAutograd, which runs after it, comes
         # back here with Dynamo off and traces our plan into the graph.
         return tdt.TORCH_REDISTRIBUTE_LOCAL(
-            local_tensor, current_spec, target_spec, async_op=async_op,
-            use_graph_based_transform=use_graph_based_transform, is_explicit=is_explicit, **torch_only,
+            local_tensor,
+            current_spec,
+            target_spec,
+            async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform,
+            is_explicit=is_explicit,
+            **torch_only,
         )
     if use_graph_based_transform is None and not torch_only and not OBSERVERS:
         run = eager.cached_runner(local_tensor, current_spec, target_spec, options)
         if run is not None:  # a call seen before: one lookup, then torch's function or our program
             return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
-    return _first_call(local_tensor, current_spec, target_spec, options, async_op, use_graph_based_transform,
-                       is_explicit, torch_only)
+    return _first_call(
+        local_tensor,
+        current_spec,
+        target_spec,
+        options,
+        async_op,
+        use_graph_based_transform,
+        is_explicit,
+        torch_only,
+    )
 
 
-def _first_call(local_tensor, current_spec, target_spec, options, async_op, use_graph_based_transform,
-                is_explicit, torch_only):
+def _first_call(
+    local_tensor,
+    current_spec,
+    target_spec,
+    options,
+    async_op,
+    use_graph_based_transform,
+    is_explicit,
+    torch_only,
+):
     """A routed call not found by ``cached_runner``: decide, warn, record, plan and run it."""
 
     def torch_fn():
         return tdt.TORCH_REDISTRIBUTE_LOCAL(
-            local_tensor, current_spec, target_spec, async_op=async_op,
-            use_graph_based_transform=use_graph_based_transform, is_explicit=is_explicit, **torch_only,
+            local_tensor,
+            current_spec,
+            target_spec,
+            async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform,
+            is_explicit=is_explicit,
+            **torch_only,
         )
 
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
@@ -153,7 +181,9 @@ def _first_call(local_tensor, current_spec, target_spec, options, async_op, use_
             with tdt.reference_semantics():  # torch's merge pass is wrong for this input
                 return torch_fn()
         return torch_fn()
-    summary = f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
+    summary = (
+        f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
+    )
     with tdt.record_redistribute(local_tensor, current_spec, target_spec, summary, is_explicit):
         try:
             return eager.redistribute_local_tensor(

@@ -20,8 +20,16 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 
-__all__ = ["MeshFacts", "mesh_facts", "spec_of", "as_spec", "live_meshes", "recording_meshes", "clear_spec_cache",
-           "cache_generation"]
+__all__ = [
+    "MeshFacts",
+    "mesh_facts",
+    "spec_of",
+    "as_spec",
+    "live_meshes",
+    "recording_meshes",
+    "clear_spec_cache",
+    "cache_generation",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +89,12 @@ def mesh_facts(device_mesh) -> MeshFacts:
 def _read_facts(m) -> MeshFacts:
     # Rank-free: no coordinate (under LocalTensorMode it stands for every rank at once).
     return MeshFacts(
-        root=L.root_mesh(m), spec=MeshSpec.from_device_mesh(m), root_dims=L.root_dims_spanned(m),
-        full_view=L.is_full_view(m), view_key=L.view_key(m), flattened=len(L.flattened_meshes(m)),
+        root=L.root_mesh(m),
+        spec=MeshSpec.from_device_mesh(m),
+        root_dims=L.root_dims_spanned(m),
+        full_view=L.is_full_view(m),
+        view_key=L.view_key(m),
+        flattened=len(L.flattened_meshes(m)),
     )
 
 

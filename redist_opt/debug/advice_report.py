@@ -67,8 +67,10 @@ def format_text(d: dict) -> str:
     if d["candidates"]:
         lines += ["", "candidate groups (modelled step time with that group alone, creation included):"]
         for c in d["candidates"]:
-            lines.append(f"  {c['label']:<16} mesh {c['mesh_shape']:<10} layout {c['layout']:<16} "
-                         f"{format_time(c['step_time_alone_s'])}")
+            lines.append(
+                f"  {c['label']:<16} mesh {c['mesh_shape']:<10} layout {c['layout']:<16} "
+                f"{format_time(c['step_time_alone_s'])}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +88,9 @@ def render_svg(d: dict) -> str:
     height = top + block * len(sites) + LINE_H * (len(COLUMNS) + 1)
     out = svg_open(width, height, "redist_opt advise: modelled time per call site")
     groups = ", ".join(g["label"] for g in d["groups"]) or "none"
-    out.append(text(8, LINE_H, f"modelled communication time per step; advised groups: {groups}", weight="bold"))
+    out.append(
+        text(8, LINE_H, f"modelled communication time per step; advised groups: {groups}", weight="bold")
+    )
     for idx, s in enumerate(sites):
         peak = max([r["time_s"] for r in s["rows"].values() if isinstance(r, dict)] + [1e-12])
         if s["site"] != "total":
@@ -97,8 +101,10 @@ def render_svg(d: dict) -> str:
             t = s["rows"][key]["time_s"]
             w = bar_w * t / peak
             yy = y + j * bar_h
-            out.append(f'<rect class="{key}" x="{label_w:.1f}" y="{yy:.1f}" width="{w:.1f}" '
-                       f'height="{bar_h - 2:.1f}" fill="{_COLORS[key]}"/>')
+            out.append(
+                f'<rect class="{key}" x="{label_w:.1f}" y="{yy:.1f}" width="{w:.1f}" '
+                f'height="{bar_h - 2:.1f}" fill="{_COLORS[key]}"/>'
+            )
             out.append(text(label_w + w + 4, yy + bar_h - 3, format_time(t), size=FONT - 2))
     y = top + block * len(sites) + 4
     for j, (key, heading) in enumerate(COLUMNS):

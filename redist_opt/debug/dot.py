@@ -94,8 +94,14 @@ def plan_graph(plans: Sequence[tuple[str, object]]) -> nx.DiGraph:
     previous_label = None
     for label, plan in plans:
         if plan.graph is None:
-            g.add_node((label, "fallback"), plan=label, name="fallback", op="fallback",
-                       collective=False, lines=["torch's own path:", str(plan.fallback_reason)])
+            g.add_node(
+                (label, "fallback"),
+                plan=label,
+                name="fallback",
+                op="fallback",
+                collective=False,
+                lines=["torch's own path:", str(plan.fallback_reason)],
+            )
             previous_names, previous_label = set(), label
             continue
         bytes_of = {c.node: c.bytes_in for c in plan.collectives()}

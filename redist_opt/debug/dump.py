@@ -85,7 +85,7 @@ def pass_selected(pass_name: str | None) -> bool:
     if stage == "before_pipeline":
         return True
     pattern = dump_pass_filter_from_env()
-    return pattern is None or pattern.search(stage[len("after_"):]) is not None
+    return pattern is None or pattern.search(stage[len("after_") :]) is not None
 
 
 def _stage(pass_name: str | None) -> str:

@@ -66,15 +66,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from redist_opt import ir
+from redist_opt.debug.units import format_bytes, format_time
+from redist_opt.ir import layout as L
+from redist_opt.ir import symbolic as sym
+from redist_opt.ir.placements import placement_str
 from redist_opt.ir.text import arg_str as _arg_str
 from redist_opt.ir.text import dtype_str as _dtype_str
 from redist_opt.ir.text import format_graph
 from redist_opt.ir.text import head as _head
 from redist_opt.ir.text import note_str as _note_str
-from redist_opt.debug.units import format_bytes, format_time
-from redist_opt.ir import layout as L
-from redist_opt.ir import symbolic as sym
-from redist_opt.ir.placements import placement_str
 
 __all__ = ["explain_data", "format_explain", "SCHEMA", "DEFAULT_RANK_LIMIT"]
 
@@ -107,7 +107,9 @@ def _group_data(group, mesh, rank_limit: int) -> dict:
         "layout_shape": [int(s) for s in group.layout.shape],
         "layout_stride": [int(s) for s in group.layout.stride],
         "num_groups": mesh.num_ranks // max(1, group.size),
-        "rank_lists": [list(map(int, r)) for r in L.rank_lists(group.layout, mesh.index_space, limit=rank_limit)]
+        "rank_lists": [
+            list(map(int, r)) for r in L.rank_lists(group.layout, mesh.index_space, limit=rank_limit)
+        ]
         if rank_limit > 0
         else [],
         "exists": bool(mesh.group_exists(group)),
@@ -234,7 +236,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     out = []
     for r in [header, *rows]:
-        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [
+            str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ]
         out.append(("  " + "  ".join(cells)).rstrip())
     return out
 
@@ -332,7 +336,9 @@ def format_explain(
         source = f"; {cm['source']}" if cm.get("source") else ""
         lines.append(f"cost model: {cm['name']} ({cm['algorithm']} algorithms, {hosts}{source})")
     lines.append("")
-    lines += _plan_section("naive plan (DTensor's greedy planner, merge pass disabled)", d["plans"]["naive"], with_time)
+    lines += _plan_section(
+        "naive plan (DTensor's greedy planner, merge pass disabled)", d["plans"]["naive"], with_time
+    )
     lines.append("")
     lines += _plan_section("optimized plan", d["plans"]["optimized"], with_time)
     lines.append("")

@@ -25,8 +25,18 @@ MAX_DRAWN_RANKS = 1024
 
 # Light, distinguishable fills for rank groups (ColorBrewer Set3), then golden-angle hues.
 GROUP_PALETTE = (
-    "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
-    "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f",
+    "#8dd3c7",
+    "#ffffb3",
+    "#bebada",
+    "#fb8072",
+    "#80b1d3",
+    "#fdb462",
+    "#b3de69",
+    "#fccde5",
+    "#d9d9d9",
+    "#bc80bd",
+    "#ccebc5",
+    "#ffed6f",
 )
 
 
@@ -60,7 +70,9 @@ def _group_of_rank(group, mesh) -> dict[int, tuple[int, int]]:
     return out
 
 
-def mesh_svg(mesh, plans: Sequence[tuple[str, object]] = (), *, groups: Sequence[tuple[str, object]] = ()) -> str:
+def mesh_svg(
+    mesh, plans: Sequence[tuple[str, object]] = (), *, groups: Sequence[tuple[str, object]] = ()
+) -> str:
     """The mesh's ranks, then one panel per collective of each plan (and per extra group).
 
     ``plans`` is a sequence of ``(label, Plan)``; ``groups`` a sequence of
@@ -115,8 +127,26 @@ def mesh_svg(mesh, plans: Sequence[tuple[str, object]] = (), *, groups: Sequence
             px = pad + (k % wrap) * (panel_w + panel_gap)
             py = y + (k // wrap) * (panel_h + panel_gap)
             out.extend(
-                _panel(mesh, cells, ptitle, subtitle, group, px, py, panel_w, panel_h, title_h,
-                       cell, gap, grid_w, grid_h, mult_label_h, mult_gap, per_row, lead)
+                _panel(
+                    mesh,
+                    cells,
+                    ptitle,
+                    subtitle,
+                    group,
+                    px,
+                    py,
+                    panel_w,
+                    panel_h,
+                    title_h,
+                    cell,
+                    gap,
+                    grid_w,
+                    grid_h,
+                    mult_label_h,
+                    mult_gap,
+                    per_row,
+                    lead,
+                )
             )
         y += math.ceil(len(items) / wrap) * (panel_h + panel_gap)
     out.append("</svg>")
@@ -126,7 +156,9 @@ def mesh_svg(mesh, plans: Sequence[tuple[str, object]] = (), *, groups: Sequence
 def _sections(mesh, plans, groups) -> list[tuple[str, list]]:
     """(heading, [(panel title, subtitle, group or None)]): the ranks, each plan's
     collectives, then the extra groups."""
-    sections: list[tuple[str, list]] = [("ranks", [("ranks (index in the root rank map)", _axes_caption(mesh), None)])]
+    sections: list[tuple[str, list]] = [
+        ("ranks", [("ranks (index in the root rank map)", _axes_caption(mesh), None)])
+    ]
     for label, plan in plans:
         items = []
         for i, c in enumerate(plan.collectives(), 1):
@@ -159,8 +191,26 @@ def _axes_caption(mesh) -> str:
     return text
 
 
-def _panel(mesh, cells, ptitle, subtitle, group, px, py, pw, ph, title_h, cell, gap,
-           grid_w, grid_h, mult_label_h, mult_gap, per_row, lead) -> list[str]:
+def _panel(
+    mesh,
+    cells,
+    ptitle,
+    subtitle,
+    group,
+    px,
+    py,
+    pw,
+    ph,
+    title_h,
+    cell,
+    gap,
+    grid_w,
+    grid_h,
+    mult_label_h,
+    mult_gap,
+    per_row,
+    lead,
+) -> list[str]:
     out = [f'<g class="panel" data-title={quoteattr(ptitle)}>']
     out.append(
         f'<rect class="frame" x="{px - 6:.1f}" y="{py - 4:.1f}" width="{pw + 12:.1f}" '
@@ -201,7 +251,9 @@ def _panel(mesh, cells, ptitle, subtitle, group, px, py, pw, ph, title_h, cell, 
         out.append(svg.text(x + cell / 2, y + cell / 2 + 2, str(rank), anchor="middle", size=11))
         if group is not None and rank in membership and group.size > 1:
             out.append(
-                svg.text(x + cell - 3, y + cell - 3, str(membership[rank][1]), anchor="end", size=8, fill="#555555")
+                svg.text(
+                    x + cell - 3, y + cell - 3, str(membership[rank][1]), anchor="end", size=8, fill="#555555"
+                )
             )
     out.append("</g>")
     return out

@@ -28,7 +28,14 @@ from xml.sax.saxutils import escape, quoteattr
 import networkx as nx
 
 from redist_opt.debug import svg
-from redist_opt.debug.dot import node_fill, node_label_lines, plan_caption, plan_graph, plan_to_dot, plans_to_dot
+from redist_opt.debug.dot import (
+    node_fill,
+    node_label_lines,
+    plan_caption,
+    plan_graph,
+    plan_to_dot,
+    plans_to_dot,
+)
 from redist_opt.debug.mesh_diagram import MAX_DRAWN_RANKS, mesh_svg
 from redist_opt.debug.svg import LINE_H, write_text
 
@@ -122,7 +129,7 @@ def _node_svg(d: dict, box) -> list[str]:
     stroke, sw = ("#333333", 2.0) if d["collective"] else ("#888888", 1.0)
     out = [
         f'<g class="node{" collective" if d["collective"] else ""}" data-plan={quoteattr(d["plan"])} '
-        f'data-node={quoteattr(d["name"])} data-op={quoteattr(d["op"])}>',
+        f"data-node={quoteattr(d['name'])} data-op={quoteattr(d['op'])}>",
         f"<title>{escape(chr(10).join(d['lines']))}</title>",
         f'<rect x="{bx:.1f}" y="{by:.1f}" width="{bw:.1f}" height="{bh:.1f}" rx="6" '
         f'fill="{node_fill(d)}" stroke="{stroke}" stroke-width="{sw}"/>',

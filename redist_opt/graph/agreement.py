@@ -94,11 +94,15 @@ class SliceAgreement:
     ``all_gather(facts) -> every rank's facts, or a reason string`` replaces the store
     (one call per graph); ``timeout_s`` bounds the wait of a round."""
 
-    def __init__(self, all_gather=None, timeout_s: float = AGREEMENT_TIMEOUT_S, *, store=None,
-                 rank: int | None = None) -> None:
+    def __init__(
+        self, all_gather=None, timeout_s: float = AGREEMENT_TIMEOUT_S, *, store=None, rank: int | None = None
+    ) -> None:
         self.all_gather = all_gather
         self.timeout_s = timeout_s
-        self.store, self.rank = store, rank  # a store and this rank's id (tests; default: the default group's)
+        self.store, self.rank = (
+            store,
+            rank,
+        )  # a store and this rank's id (tests; default: the default group's)
         self._rounds: collections.Counter = collections.Counter()
         self._generation = cache_generation()
 
@@ -129,9 +133,11 @@ class SliceAgreement:
         # After a slice round of these ranks that not all joined, theirs is not waited for again
         timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
         if not check_compiled_profile(given[0].device_mesh, given[0].spec, cost, ranks, timeout_s):
-            warnings.warn(f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
-                          f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
-                          stacklevel=3)
+            warnings.warn(
+                f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
+                f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
+                stacklevel=3,
+            )
 
     def agree(self, graph: fx.Graph, chains: Sequence[Chain]) -> Agreed:
         """Mesh dims for every slice of ``chains`` (one round for all of them)."""
@@ -174,9 +180,11 @@ def _pending(chains, out: Agreed) -> list[tuple[Chain, list[tuple[ChainOp, list]
             all_dims, cands = slice_candidates(chain, op, _scope(chain, chains))
             if not all_dims:
                 # the same on every rank (no coordinate enters it): no round needed
-                out.failed[first] = (f"{first.name}: a slice with a constant index cannot be proven to select "
-                                     f"this rank's block (no mesh dims of {op.n} ranks vary among the ranks "
-                                     "compiling it)")
+                out.failed[first] = (
+                    f"{first.name}: a slice with a constant index cannot be proven to select "
+                    f"this rank's block (no mesh dims of {op.n} ranks vary among the ranks "
+                    "compiling it)"
+                )
             elif len(all_dims) == 1 and op.trusted:
                 if cands:
                     out.dims[first] = cands[0]
@@ -225,13 +233,15 @@ def _chain_text(chain: Chain, ranks) -> str:
     """A chain's meaning on its mesh, the same on every rank asked (a record's key)."""
     ctx = chain.ctx
     val = chain.input.meta.get("val")
-    return _digest((
-        tuple(_op_fingerprint(op) for op in chain.ops),
-        tuple(val.shape) if val is not None else None,
-        str(getattr(val, "dtype", None)),
-        (ctx.spec.sizes, ctx.spec.names, repr(ctx.rank_map)),
-        ranks,
-    ))
+    return _digest(
+        (
+            tuple(_op_fingerprint(op) for op in chain.ops),
+            tuple(val.shape) if val is not None else None,
+            str(getattr(val, "dtype", None)),
+            (ctx.spec.sizes, ctx.spec.names, repr(ctx.rank_map)),
+            ranks,
+        )
+    )
 
 
 def _structure(graph: fx.Graph) -> tuple:
@@ -280,8 +290,10 @@ class _Round:
             if len(present) == len(self.ranks):
                 verdict = ("commit", [present[r] for r in self.ranks])
             else:
-                reason = (f"not every rank of {list(self.ranks)} gave its slice facts within {self.timeout_s:g} s "
-                          "(the chain is left as it was from here on every one of them)")
+                reason = (
+                    f"not every rank of {list(self.ranks)} gave its slice facts within {self.timeout_s:g} s "
+                    "(the chain is left as it was from here on every one of them)"
+                )
                 verdict = ("abort", reason, _earlier_answers(store, texts, present))
             store.set(self.decision, pickle.dumps(verdict))
         else:
@@ -333,8 +345,10 @@ def _earlier_answers(store, texts, present: dict) -> dict:
         if len({repr(d) for _, d in fits}) == 1 and all(d is not None for d in fits[0][1]):
             out[j] = fits[0]
         elif len(fits) > 1:
-            out[j] = (f"{len(fits)} earlier rounds of this chain agreed on different mesh dims for the facts "
-                      "of this rank; the chain keeps its traced collectives, which may not match the other ranks'")
+            out[j] = (
+                f"{len(fits)} earlier rounds of this chain agreed on different mesh dims for the facts "
+                "of this rank; the chain keeps its traced collectives, which may not match the other ranks'"
+            )
     return out
 
 
@@ -355,25 +369,34 @@ def _common(facts: list) -> list:
 def _resolve(pending, mine, verdict, ranks, timeout_s, me, out: Agreed) -> None:
     for j, (chain, slices) in enumerate(pending):
         if verdict[0] == "commit":
-            per_rank = [g[j] if len(g) > j and len(g[j]) == len(slices) else [[]] * len(slices) for g in verdict[1]]
+            per_rank = [
+                g[j] if len(g) > j and len(g[j]) == len(slices) else [[]] * len(slices) for g in verdict[1]
+            ]
             dims, note = _common(per_rank), None
         else:
             earlier = verdict[2].get(j)
             if isinstance(earlier, tuple) and earlier[0].get(me) == mine[j]:
                 dims = earlier[1]
-                note = (f"this rank compiled the graph without the others of {list(ranks)} (timed out after "
-                        f"{timeout_s:g} s); the slice dims are those an earlier round of the same chain agreed, "
-                        "so its collectives are the ones the others run")
+                note = (
+                    f"this rank compiled the graph without the others of {list(ranks)} (timed out after "
+                    f"{timeout_s:g} s); the slice dims are those an earlier round of the same chain agreed, "
+                    "so its collectives are the ones the others run"
+                )
             else:
                 if isinstance(earlier, str) or isinstance(earlier, tuple):
-                    warnings.warn(f"redist_opt graph pass: rank {me}: {chain.names[0]}...: "
-                                  f"{earlier if isinstance(earlier, str) else 'an earlier round does not fit this rank'}",
-                                  stacklevel=3)
+                    warnings.warn(
+                        f"redist_opt graph pass: rank {me}: {chain.names[0]}...: "
+                        f"{earlier if isinstance(earlier, str) else 'an earlier round does not fit this rank'}",
+                        stacklevel=3,
+                    )
                 dims, note = [None] * len(slices), None
         for (op, _), d in zip(slices, dims):
             first = op.nodes[0]
-            what = (f"{first.name}: " if op.trusted else
-                    f"{first.name}: a slice with a constant index cannot be proven to select this rank's block: ")
+            what = (
+                f"{first.name}: "
+                if op.trusted
+                else f"{first.name}: a slice with a constant index cannot be proven to select this rank's block: "
+            )
             if verdict[0] == "abort" and d is None:
                 out.failed[first] = what + verdict[1]
             elif d is None:

@@ -44,7 +44,14 @@ from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 
-__all__ = ["backend", "collectives", "describe_collectives", "check_inner", "graph_compiler", "run_graph_pass"]
+__all__ = [
+    "backend",
+    "collectives",
+    "describe_collectives",
+    "check_inner",
+    "graph_compiler",
+    "run_graph_pass",
+]
 
 INNER_COMPILERS = ("inductor", "aot_eager")
 
@@ -99,8 +106,11 @@ class _RedistOptBackend:
             # every rank: torch's trace reads mesh coordinates at run time, while our
             # planner specialises to this rank's. So torch traces, and the graph pass
             # finds no group names or constant slices to raise: the graph stays as is.
-            warn_once(("compile_on_one_rank",), "redist_opt.backend: compile_on_one_rank is on, so DTensor "
-                      "redistributions are traced by torch (rank-independent) and left as traced")
+            warn_once(
+                ("compile_on_one_rank",),
+                "redist_opt.backend: compile_on_one_rank is on, so DTensor "
+                "redistributions are traced by torch (rank-independent) and left as traced",
+            )
             self._trace_meshes = {}
             return self._compile(gm, example_inputs)
         with enabled(options=self.options), recording_meshes() as used:
@@ -116,7 +126,9 @@ class _RedistOptBackend:
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
                 return compile_fx_inner(g, inputs, *args, **kwargs)
 
-            return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=_uncached_config())
+            return compile_fx(
+                gm, example_inputs, inner_compile=inner_compile, config_patches=_uncached_config()
+            )
 
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -139,10 +151,10 @@ class _RedistOptBackend:
         # matmuls in the backward: 12 mm per TransformerBlock backward instead of 10).
         partition = (
             dict(partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
-            if self.inner == "aot_eager" else {}
+            if self.inner == "aot_eager"
+            else {}
         )
         return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, **partition)(gm, example_inputs)
-
 
     def _optimize(self, gm: fx.GraphModule) -> None:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
@@ -151,7 +163,10 @@ class _RedistOptBackend:
         # The meshes planned on while tracing this program (their roots hold the
         # groups its chains name); none: every live mesh.
         run_graph_pass(
-            gm, meshes=list(self._trace_meshes.values()) or None, options=self.options, agreement=self.agreement
+            gm,
+            meshes=list(self._trace_meshes.values()) or None,
+            options=self.options,
+            agreement=self.agreement,
         )
 
 
@@ -237,7 +252,7 @@ def graph_compiler(inner) -> Callable:
 
 def run_graph_pass(
     gm: fx.GraphModule, *, meshes=None, options: PlanOptions | None = None, agreement=None, **fields
-) -> "graph_pass.GraphPassResult | None":
+) -> graph_pass.GraphPassResult | None:
     """The compiled-graph pass on ``gm`` with these plan options (a pass list does not
     apply), in place; its result, or None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
@@ -287,8 +302,17 @@ def collectives(gm: fx.GraphModule) -> list[tuple[str, str]]:
         op = target._opname if hasattr(target, "_opname") else str(target)
         if op not in _COLLECTIVE_OPS:
             continue
-        group = node.args[-1] if isinstance(node.args[-1], str) else next(
-            (a for a in node.args if isinstance(a, str) and a not in ("sum", "avg", "max", "min", "product")), "?"
+        group = (
+            node.args[-1]
+            if isinstance(node.args[-1], str)
+            else next(
+                (
+                    a
+                    for a in node.args
+                    if isinstance(a, str) and a not in ("sum", "avg", "max", "min", "product")
+                ),
+                "?",
+            )
         )
         out.append((op, group))
     return out
@@ -307,7 +331,9 @@ def _group_labels() -> dict[str, str]:
                 labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
             for flat_name, flat, covered in L.flattened_dims(root):
                 what = "+".join(names[d] for d in covered) if covered else flat_name
-                labels.setdefault(flat.get_group(0).group_name, f"mesh dims {what} of mesh {shape} (flattened {flat_name})")
+                labels.setdefault(
+                    flat.get_group(0).group_name, f"mesh dims {what} of mesh {shape} (flattened {flat_name})"
+                )
         except Exception:  # noqa: BLE001 - a label is a courtesy; never fail a compile for it
             continue
     return labels
@@ -316,7 +342,10 @@ def _group_labels() -> dict[str, str]:
 def describe_collectives(gm: fx.GraphModule) -> list[str]:
     """One line per collective: op, group name, and the mesh dims the group stands for."""
     labels = _group_labels()
-    return [f"{op}  group={group}  ({labels.get(group, 'group not from a known mesh')})" for op, group in collectives(gm)]
+    return [
+        f"{op}  group={group}  ({labels.get(group, 'group not from a known mesh')})"
+        for op, group in collectives(gm)
+    ]
 
 
 _dump_seq = itertools.count()

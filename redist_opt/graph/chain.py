@@ -142,7 +142,7 @@ def after(chain: Chain, pos: int) -> Chain | None:
     already."""
     if chain.kept:
         return None
-    rest = chain.ops[pos + 1:]
+    rest = chain.ops[pos + 1 :]
     first = next((k for k, op in enumerate(rest) if op.kind in COLLECTIVE_KINDS), None)
     if first is None:
         return None

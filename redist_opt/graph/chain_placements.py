@@ -35,7 +35,9 @@ class _Replay:
     shape: list[int]  # local shape as the chain goes
     src: list[Placement | None] = dataclasses.field(default_factory=list)
     cur: list[Placement | None] = dataclasses.field(default_factory=list)
-    order: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # tensor dim -> mesh dims sharding it now (outer first)
+    order: dict[int, list[int]] = dataclasses.field(
+        default_factory=dict
+    )  # tensor dim -> mesh dims sharding it now (outer first)
     src_order: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     # the first pointwise op so far: a dim reduced after it was partial when it ran
     pointwise: str | None = None
@@ -74,12 +76,16 @@ def _shard(r: _Replay, op: ChainOp) -> str | None:
         # Only DTensor declares a value replicated over dims nothing in the chain
         # touched; a slice of unknown origin selects over dims a collective of the
         # chain made replicated, or it is not raised (its input may differ across ranks).
-        return (f"{op.nodes[0].name}: slices over mesh dims {dims} that no collective of the chain "
-                "made replicated (only DTensor metadata declares them replicated)")
+        return (
+            f"{op.nodes[0].name}: slices over mesh dims {dims} that no collective of the chain "
+            "made replicated (only DTensor metadata declares them replicated)"
+        )
     existing = r.order.setdefault(t, [])
     if list(dims) != sorted(dims) or (existing and max(existing) >= min(dims)):
-        return (f"{op.nodes[0].name}: shard order {existing + list(dims)} of tensor dim {t} "
-                "is not DTensor's default (ascending mesh dims)")
+        return (
+            f"{op.nodes[0].name}: shard order {existing + list(dims)} of tensor dim {t} "
+            "is not DTensor's default (ascending mesh dims)"
+        )
     n = r.group_size(dims)
     if r.shape[t] % n:
         return f"{op.nodes[0].name}: tensor dim {t} ({r.shape[t]}) is not divisible by {n}"
@@ -102,8 +108,10 @@ def _gather(r: _Replay, op: ChainOp) -> str | None:
         for d in dims:
             r.src[d] = Shard(t)
             r.cur[d] = Replicate()
-    elif all(isinstance(r.cur[d], Shard) and r.cur[d].dim == t for d in dims) and existing[-len(dims):] == list(dims):
-        del existing[-len(dims):]
+    elif all(isinstance(r.cur[d], Shard) and r.cur[d].dim == t for d in dims) and existing[
+        -len(dims) :
+    ] == list(dims):
+        del existing[-len(dims) :]
         for d in dims:
             r.cur[d] = Replicate()
     else:

@@ -106,11 +106,22 @@ KIND = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter", ALL_REDUCE: 
 # Legality 4: the combined collective's modelled time over the time of 0 bytes.
 LATENCY_BOUND = 2.0
 # Legality 3: pure ops a gather's input may be computed by after the first member (moved up).
-HOISTABLE = frozenset({
-    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.slice.Tensor, aten.select.int,
-    aten.permute.default, aten.t.default, aten.expand.default, aten.squeeze.dim, aten.unsqueeze.default,
-    aten.alias.default, aten.clone.default,
-})
+HOISTABLE = frozenset(
+    {
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.slice.Tensor,
+        aten.select.int,
+        aten.permute.default,
+        aten.t.default,
+        aten.expand.default,
+        aten.squeeze.dim,
+        aten.unsqueeze.default,
+        aten.alias.default,
+        aten.clone.default,
+    }
+)
 MAX_HOISTED = 4
 # Legality 5: how an uneven shard is padded before its collective and narrowed after.
 PADS = frozenset({aten.constant_pad_nd.default, aten.pad.default})
@@ -131,8 +142,10 @@ class Combination:
         return len(self.nodes) - 1
 
     def __str__(self) -> str:
-        return (f"combined {len(self.nodes)} {self.kind}s over group {self.group!r} into one "
-                f"({self.nbytes} B in per rank): {', '.join(self.nodes)}")
+        return (
+            f"combined {len(self.nodes)} {self.kind}s over group {self.group!r} into one "
+            f"({self.nbytes} B in per rank): {', '.join(self.nodes)}"
+        )
 
 
 # (kind, group name, bytes each rank feeds in) -> the cost model's time of one such
@@ -192,10 +205,18 @@ def _member_key(node: fx.Node):
     users = list(node.users)
     if not (isinstance(group, str) and isinstance(x, fx.Node) and (n is None or isinstance(n, int))):
         return None
-    if len(users) != 1 or users[0].target is not WAIT or (node.target is ALL_GATHER and _is_cast_for(x, node)):
+    if (
+        len(users) != 1
+        or users[0].target is not WAIT
+        or (node.target is ALL_GATHER and _is_cast_for(x, node))
+    ):
         return None
     val = x.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.ndim == 0 or not isinstance(node.meta.get("val"), torch.Tensor):
+    if (
+        not isinstance(val, torch.Tensor)
+        or val.ndim == 0
+        or not isinstance(node.meta.get("val"), torch.Tensor)
+    ):
         return None
     if not all(isinstance(d, int) for d in val.shape):  # symbolic (dynamic) sizes: left alone
         return None
@@ -281,8 +302,9 @@ def _combine(graph: fx.Graph, members: list[fx.Node]) -> Combination:
         wait_at = min((next(iter(m.users)) for m in members), key=order.__getitem__)
     else:  # where the first member's value is used: the waits sink past the last member
         wait_at = min((_first_use(m, order) for m in members), key=order.__getitem__)
-    combination = Combination(KIND[first.target], tuple(m.name for m in members), group,
-                              sum(_in_bytes(m) for m in members))
+    combination = Combination(
+        KIND[first.target], tuple(m.name for m in members), group, sum(_in_bytes(m) for m in members)
+    )
     if first.target is ALL_GATHER:
         n = first.args[1]
         merge, args, before = _gather_concatenated, (lambda vals: (vals, group, n)), first
@@ -291,13 +313,23 @@ def _combine(graph: fx.Graph, members: list[fx.Node]) -> Combination:
         dtype, device = first.meta["val"].dtype, first.meta["val"].device
         if first.target is REDUCE_SCATTER:
             n = first.args[2]
-            merge, args = bucketing.reduce_scatter_merge_fn_to_trace, (lambda vals: (vals, group, n, op, dtype, device))
+            merge, args = (
+                bucketing.reduce_scatter_merge_fn_to_trace,
+                (lambda vals: (vals, group, n, op, dtype, device)),
+            )
         else:
-            merge, args = bucketing.all_reduce_merge_fn_to_trace, (lambda vals: (vals, group, op, dtype, device))
+            merge, args = (
+                bucketing.all_reduce_merge_fn_to_trace,
+                (lambda vals: (vals, group, op, dtype, device)),
+            )
         before = members[-1].next
     bucketing.process_collective_bucket(
-        graph, members, merge, lambda ins: args([i.meta["val"] for i in ins]),
-        insert_before=before, wait_insertion_point=wait_at,
+        graph,
+        members,
+        merge,
+        lambda ins: args([i.meta["val"] for i in ins]),
+        insert_before=before,
+        wait_insertion_point=wait_at,
     )
     return combination
 
@@ -306,6 +338,8 @@ def _gather_concatenated(ins: list[torch.Tensor], group: str, n: int) -> list[to
     """Traced into the graph: one gather of the flattened inputs, split into what each
     gather returned (rank-major blocks of each input, dim 0 grown ``n`` times)."""
     flat = torch.cat([x.reshape(-1) for x in ins])
-    out = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(flat, n, group))
+    out = torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.all_gather_into_tensor(flat, n, group)
+    )
     blocks = out.reshape(n, -1).split_with_sizes([x.numel() for x in ins], dim=1)
     return [b.reshape((x.shape[0] * n, *x.shape[1:])) for b, x in zip(blocks, ins)]

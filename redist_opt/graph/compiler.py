@@ -27,7 +27,7 @@ from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
 __all__ = ["compiler_fn", "GraphPassCompiler"]
 
 
-def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) -> "GraphPassCompiler":
+def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) -> GraphPassCompiler:
     """A graph compiler ``(gm, example_inputs, **kwargs) -> callable`` that runs the
     compiled-graph pass on ``gm``, then ``inner``.
 
@@ -72,12 +72,17 @@ class GraphPassCompiler:
         self.agreement = SliceAgreement()  # one round per graph, counted per compiler
 
     def __repr__(self) -> str:
-        inner = self.inner if self.inner is None or isinstance(self.inner, str) else getattr(
-            self.inner, "__name__", type(self.inner).__name__)
+        inner = (
+            self.inner
+            if self.inner is None or isinstance(self.inner, str)
+            else getattr(self.inner, "__name__", type(self.inner).__name__)
+        )
         return f"redist_opt.graph_pass.compiler_fn(groups={self.groups!r}, inner={inner!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
-        result = run_graph_pass(gm, meshes=self.meshes, groups=self.groups, agreement=self.agreement, **self.options)
+        result = run_graph_pass(
+            gm, meshes=self.meshes, groups=self.groups, agreement=self.agreement, **self.options
+        )
         self.results.append(result)
         self.graphs += 1
         if self.inner is None:

@@ -63,7 +63,14 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
 from redist_opt.graph import (
-    agreement, chain_placements, combine, lower_chains, lower_ops, mesh_groups, raise_chains, reassociate,
+    agreement,
+    chain_placements,
+    combine,
+    lower_chains,
+    lower_ops,
+    mesh_groups,
+    raise_chains,
+    reassociate,
 )
 from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import SliceAgreement
@@ -79,7 +86,15 @@ from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
 
-__all__ = ["optimize_graph", "GraphPassResult", "ChainResult", "RedistGraphPass", "SliceAgreement", "count_collectives"]
+__all__ = [
+    "optimize_graph",
+    "GraphPassResult",
+    "ChainResult",
+    "RedistGraphPass",
+    "SliceAgreement",
+    "count_collectives",
+]
+
 
 @dataclasses.dataclass
 class ChainResult:
@@ -103,8 +118,10 @@ class ChainResult:
 
         verdict = "rewritten" if self.rewritten else "kept"
         shared = f"[{fmt(self.kept)} kept] " if self.kept else ""
-        return (f"{self.src} -> {self.dst} {self.shape} on {self.mesh}: {shared}{fmt(self.before)} => "
-                f"{shared}{fmt(self.after)}: {verdict}: {self.reason}")
+        return (
+            f"{self.src} -> {self.dst} {self.shape} on {self.mesh}: {shared}{fmt(self.before)} => "
+            f"{shared}{fmt(self.after)}: {verdict}: {self.reason}"
+        )
 
 
 @dataclasses.dataclass
@@ -217,10 +234,14 @@ def optimize_graph(
         agreement = SliceAgreement(all_gather)
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate, combine)
+        return _optimize_graph(
+            gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate, combine
+        )
 
 
-def _optimize_graph(gm, meshes, groups, cost, choice, agreement, reassociate=True, combine=True) -> GraphPassResult:
+def _optimize_graph(
+    gm, meshes, groups, cost, choice, agreement, reassociate=True, combine=True
+) -> GraphPassResult:
     """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
@@ -333,8 +354,14 @@ def _plan_chain(chain: Chain, groups, cost, choice):
         naive = make_plan(chain.ctx.spec, chain.src, chain.dst, chain.shape, chain.dtype)
         if naive.fallback:
             return f"not planned: {naive.fallback_reason}"
-        return naive, run_pipeline(naive, groups=groups, cost=cost, prefer=prefer,
-                                   max_collectives=max_collectives, on_change=pass_dump_writer(None, naive))
+        return naive, run_pipeline(
+            naive,
+            groups=groups,
+            cost=cost,
+            prefer=prefer,
+            max_collectives=max_collectives,
+            on_change=pass_dump_writer(None, naive),
+        )
     except RedistributeError as e:
         return f"not planned: {e}"
 
@@ -347,7 +374,7 @@ def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
     """The cost (kept collectives included) of the other way to rewrite what ``chain``
     (through a shared value) rewrites: the chain after the shared value alone, planned
     from that value. ``chain`` is used only when it beats it."""
-    suffix = {op.nodes[-1] for op in chain.collectives[len(chain.kept_collectives):]}
+    suffix = {op.nodes[-1] for op in chain.collectives[len(chain.kept_collectives) :]}
     for j, other in enumerate(chains):
         if other.kept or other.end is not chain.end or not settle(j):
             continue
@@ -367,12 +394,22 @@ def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
     dst = ",".join(placement_str(p) for p in chain.dst)
     before = _original_collectives(chain)
     # collectives kept for other users of a shared value: paid before and after
-    kept, before = before[: len(chain.kept_collectives)], before[len(chain.kept_collectives):]
+    kept, before = before[: len(chain.kept_collectives)], before[len(chain.kept_collectives) :]
 
     def result(after, rewritten, reason):
         strip = lambda cs: [c[:3] for c in cs]  # noqa: E731
-        return ChainResult(chain.names, spec.shape_str, src, dst, chain.shape, strip(before),
-                           strip(after), rewritten, reason, strip(kept))
+        return ChainResult(
+            chain.names,
+            spec.shape_str,
+            src,
+            dst,
+            chain.shape,
+            strip(before),
+            strip(after),
+            rewritten,
+            reason,
+            strip(kept),
+        )
 
     planned = _plan_chain(chain, groups, cost, choice)
     if isinstance(planned, str):
@@ -381,21 +418,39 @@ def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
     after = _plan_collectives(plan)
     old_key, new_key = _key(kept + before), _key(kept + after)
     if new_key >= old_key:
-        return result(after, False, (
-            f"not cheaper ({new_key[0]} collectives moving {new_key[1]:.0f} B vs "
-            f"{old_key[0]} moving {old_key[1]:.0f} B{_kept_note(kept)})"
-        )), None, (naive, plan)
+        return (
+            result(
+                after,
+                False,
+                (
+                    f"not cheaper ({new_key[0]} collectives moving {new_key[1]:.0f} B vs "
+                    f"{old_key[0]} moving {old_key[1]:.0f} B{_kept_note(kept)})"
+                ),
+            ),
+            None,
+            (naive, plan),
+        )
     if rival is not None and new_key >= rival:
-        return result(after, False, (
-            f"the chain after the shared value, rewritten alone, is as cheap ({rival[0]} collectives "
-            f"moving {rival[1]:.0f} B vs {new_key[0]} moving {new_key[1]:.0f} B{_kept_note(kept)})"
-        )), None, (naive, plan)
+        return (
+            result(
+                after,
+                False,
+                (
+                    f"the chain after the shared value, rewritten alone, is as cheap ({rival[0]} collectives "
+                    f"moving {rival[1]:.0f} B vs {new_key[0]} moving {new_key[1]:.0f} B{_kept_note(kept)})"
+                ),
+            ),
+            None,
+            (naive, plan),
+        )
     try:
         new_value = lower_into_graph(graph, chain, plan, groups)
     except Unlowerable as e:
         return result(after, False, f"not lowered: {e}"), None, (naive, plan)
-    reason = (f"{old_key[0]} -> {new_key[0]} collectives, {old_key[1]:.0f} -> {new_key[1]:.0f} B "
-              f"moved per rank{_kept_note(kept)}; passes: {', '.join(plan.applied_passes) or 'none'}")
+    reason = (
+        f"{old_key[0]} -> {new_key[0]} collectives, {old_key[1]:.0f} -> {new_key[1]:.0f} B "
+        f"moved per rank{_kept_note(kept)}; passes: {', '.join(plan.applied_passes) or 'none'}"
+    )
     return result(after, True, reason), new_value, (naive, plan)
 
 
@@ -412,10 +467,23 @@ except ImportError:  # pragma: no cover
 
 
 # The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
-SOURCE_FILES = (__file__, *(
-    m.__file__ for m in (raise_chains, chain_model, mesh_groups, chain_placements, agreement, lower_chains,
-                         lower_ops, reassociate, combine)
-))
+SOURCE_FILES = (
+    __file__,
+    *(
+        m.__file__
+        for m in (
+            raise_chains,
+            chain_model,
+            mesh_groups,
+            chain_placements,
+            agreement,
+            lower_chains,
+            lower_ops,
+            reassociate,
+            combine,
+        )
+    ),
+)
 
 
 class RedistGraphPass(CustomGraphPass):
@@ -435,8 +503,15 @@ class RedistGraphPass(CustomGraphPass):
     has neither restriction.
     """
 
-    def __init__(self, *, meshes=None, groups: str = "existing", cost: CostModel | None = None,
-                 prefer: str = "time", max_collectives: str = "torch") -> None:
+    def __init__(
+        self,
+        *,
+        meshes=None,
+        groups: str = "existing",
+        cost: CostModel | None = None,
+        prefer: str = "time",
+        max_collectives: str = "torch",
+    ) -> None:
         if groups != "existing":
             raise ValueError(
                 "RedistGraphPass takes groups='existing' only: flatten the mesh dims you want "
@@ -448,13 +523,27 @@ class RedistGraphPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         self.results.append(
-            optimize_graph(graph, meshes=self.meshes, groups=self.groups, cost=self.cost, prefer=self.prefer,
-                           agreement=SliceAgreement(_no_agreement), max_collectives=self.max_collectives)
+            optimize_graph(
+                graph,
+                meshes=self.meshes,
+                groups=self.groups,
+                cost=self.cost,
+                prefer=self.prefer,
+                agreement=SliceAgreement(_no_agreement),
+                max_collectives=self.max_collectives,
+            )
         )
 
     def uuid(self):
         cost = self.cost.to_dict() if self.cost is not None else "default"
-        extra = repr((self.groups, self.prefer, self.max_collectives, sorted(cost.items()) if isinstance(cost, dict) else cost))
+        extra = repr(
+            (
+                self.groups,
+                self.prefer,
+                self.max_collectives,
+                sorted(cost.items()) if isinstance(cost, dict) else cost,
+            )
+        )
         return get_hash_for_files(SOURCE_FILES, extra)
 
 

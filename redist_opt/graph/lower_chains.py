@@ -134,7 +134,7 @@ def _emit_ops(emit: Emitter, ops, x: fx.Node, names, coord, first_anchor, last_a
     with _at(emit.graph, last_anchor):
         if pending is not None:
             x = _finish(emit, *pending)
-        for n in ops[last_coll + 1:]:
+        for n in ops[last_coll + 1 :]:
             x = _emit_local(emit, n, x, coord)
     return x
 

@@ -120,8 +120,10 @@ def _all_to_all(emit, x, shape, name, n, split_dim, cat_dim):
     issued = emit(C10D.all_to_all_single.default, contiguous(emit, moved), [rows] * n, [rows] * n, name)
 
     def post(emit, y):
-        parts = [p if split_dim == 0 else emit(aten.permute.default, p, back)
-                 for p in split_pieces(emit, y, [rows] * n, 0)]
+        parts = [
+            p if split_dim == 0 else emit(aten.permute.default, p, back)
+            for p in split_pieces(emit, y, [rows] * n, 0)
+        ]
         return emit(aten.cat.default, parts, cat_dim)
 
     return issued, post

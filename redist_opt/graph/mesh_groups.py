@@ -107,8 +107,10 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
     if given and any(facts[id(m)].root_dims is None for m in meshes):
         live = live_meshes()
         facts.update({id(m): f for m in live if id(m) not in facts and (f := _facts(m)) is not None})
-    views = sorted((v for v in live if id(v) in facts and facts[id(v)].full_view),
-                   key=lambda v: _view_order(v, facts[id(v)]))
+    views = sorted(
+        (v for v in live if id(v) in facts and facts[id(v)].full_view),
+        key=lambda v: _view_order(v, facts[id(v)]),
+    )
     contexts: dict[tuple, MeshContext] = {}
     for m in meshes:
         base, spanned = _base_of(m, facts, views)
@@ -165,8 +167,12 @@ def _view_order(m, f: MeshFacts) -> tuple:
 
 def _context_order(c: MeshContext) -> tuple:
     return (
-        -c.spec.ndim, -sum(s > 1 for s in c.spec.sizes), -c.facts.flattened, c.spec.sizes,
-        c.spec.names or (), repr(c.rank_map),
+        -c.spec.ndim,
+        -sum(s > 1 for s in c.spec.sizes),
+        -c.facts.flattened,
+        c.spec.sizes,
+        c.spec.names or (),
+        repr(c.rank_map),
     )
 
 

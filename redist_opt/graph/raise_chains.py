@@ -81,11 +81,11 @@ import torch
 import torch.fx as fx
 
 from redist_opt.graph.chain import (
+    C10D,
     COLLECTIVE_KINDS,
     COLLECTIVES,
     REDUCE_OPS,
     WAIT,
-    C10D,
     Chain,
     ChainOp,
     NotRaised,
@@ -189,7 +189,9 @@ def _split_cat(split: fx.Node):
     if cat.target is not aten.cat.default or any(next(iter(u.users)) is not cat for u in items):
         return None
     pieces = list(cat.args[0])
-    if sorted(pieces, key=lambda u: u.args[1]) != pieces or [u.args[1] for u in pieces] != list(range(len(items))):
+    if sorted(pieces, key=lambda u: u.args[1]) != pieces or [u.args[1] for u in pieces] != list(
+        range(len(items))
+    ):
         return None
     if len(pieces) != len(items):
         return None
@@ -235,8 +237,15 @@ def _match_collective(node, kind, prologue, tensor_dim, contexts, cache):
         found = _split_cat(_sole_user(wait)) if _sole_user(wait) is not None else None
         if found and found[0] == 0 and found[1] != 0 and found[2] == node.args[1]:
             tensor_dim, nodes = found[1], nodes + found[3]
-    return ChainOp(kind, nodes, dims=dims, tensor_dim=None if kind == "all_reduce" else tensor_dim,
-                   reduce_op=op, group_name=group, ctx=ctx), None
+    return ChainOp(
+        kind,
+        nodes,
+        dims=dims,
+        tensor_dim=None if kind == "all_reduce" else tensor_dim,
+        reduce_op=op,
+        group_name=group,
+        ctx=ctx,
+    ), None
 
 
 def _match_local(node):
@@ -249,8 +258,11 @@ def _match_local(node):
         if shape_out != shape_in or node_val(node).dtype != node_val(node.args[0]).dtype:
             return None, None
         return ChainOp("view", (node,)), None
-    if node.target in _POINTWISE and _scalar_args(node) and shape_out == shape_in and (
-        node_val(node).dtype == node_val(node.args[0]).dtype
+    if (
+        node.target in _POINTWISE
+        and _scalar_args(node)
+        and shape_out == shape_in
+        and (node_val(node).dtype == node_val(node.args[0]).dtype)
     ):
         return ChainOp("pointwise", (node,)), None
     return _match_slice(node, shape_in)
@@ -284,7 +296,11 @@ def _walk(start: fx.Node, contexts, cache):
         node = _sole_user(last)
         if node is None:
             n = len(last.users)
-            return ops, (f"{last.name}, whose value has {n} users" if n > 1 else None), (last if n > 1 else None)
+            return (
+                ops,
+                (f"{last.name}, whose value has {n} users" if n > 1 else None),
+                (last if n > 1 else None),
+            )
     return ops, None, None
 
 
@@ -349,8 +365,12 @@ def find_chains(graph: fx.Graph, contexts: Sequence[MeshContext]):
             continue
         ctx = _one_context(ops)
         if ctx is None:
-            skipped.append(NotRaised(tuple(n.name for op in ops for n in op.nodes),
-                                     "collectives of the chain live on different root meshes"))
+            skipped.append(
+                NotRaised(
+                    tuple(n.name for op in ops for n in op.nodes),
+                    "collectives of the chain live on different root meshes",
+                )
+            )
             continue
         chain = Chain(start.args[0], ops, ctx)
         chain.stop_reason = why

@@ -85,8 +85,10 @@ class Reassociation:
         return self.terms - 1
 
     def __str__(self) -> str:
-        return (f"reassociated {self.node}: {self.terms} all_reduce({self.reduce_op}) over group "
-                f"{self.group!r} summed -> 1 all_reduce of the sum")
+        return (
+            f"reassociated {self.node}: {self.terms} all_reduce({self.reduce_op}) over group "
+            f"{self.group!r} summed -> 1 all_reduce of the sum"
+        )
 
 
 def reassociate_all_reduces(graph: fx.Graph) -> list[Reassociation]:
@@ -101,8 +103,13 @@ def reassociate_all_reduces(graph: fx.Graph) -> list[Reassociation]:
 
 
 def _is_add_sub(n) -> bool:
-    return (isinstance(n, fx.Node) and n.op == "call_function" and n.target in ADD_SUB
-            and len(n.args) == 2 and n.kwargs.get("alpha", 1) == 1)
+    return (
+        isinstance(n, fx.Node)
+        and n.op == "call_function"
+        and n.target in ADD_SUB
+        and len(n.args) == 2
+        and n.kwargs.get("alpha", 1) == 1
+    )
 
 
 def _same(a, b) -> bool:
@@ -179,8 +186,14 @@ def _fold_tree(graph: fx.Graph, root: fx.Node) -> list[Reassociation]:
                 terms.append((leaf, sign))
             for (op, group), idx in classes.items():
                 if idx[0] == i:
-                    terms.append((_reduce_sum([(leaves[j][0].args[0].args[0], leaves[j][1]) for j in idx],
-                                              op, group, root), sign))
+                    terms.append(
+                        (
+                            _reduce_sum(
+                                [(leaves[j][0].args[0].args[0], leaves[j][1]) for j in idx], op, group, root
+                            ),
+                            sign,
+                        )
+                    )
         new_root = _sum(terms, root)
     root.replace_all_uses_with(new_root)
     dead = [root, *interior] + [n for i in sorted(folded) for n in (leaves[i][0], leaves[i][0].args[0])]
@@ -208,7 +221,7 @@ def _sum(terms, like: fx.Node) -> fx.Node:
     if first is None:
         acc, rest = _new(aten.neg.default, (terms[0][0],), like), terms[1:]
     else:
-        acc, rest = terms[first][0], terms[:first] + terms[first + 1:]
+        acc, rest = terms[first][0], terms[:first] + terms[first + 1 :]
     for node, sign in rest:
         acc = _new(aten.add.Tensor if sign > 0 else aten.sub.Tensor, (acc, node), like)
     return acc

@@ -31,7 +31,16 @@ import os
 
 from redist_opt.ir import gloo_measured
 
-__all__ = ["CostModel", "PROFILE_FORMAT", "PROFILE_ENV", "KINDS", "steps_and_bytes", "resolve", "backend_profile", "load_profile"]
+__all__ = [
+    "CostModel",
+    "PROFILE_FORMAT",
+    "PROFILE_ENV",
+    "KINDS",
+    "steps_and_bytes",
+    "resolve",
+    "backend_profile",
+    "load_profile",
+]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
 PROFILE_FORMAT = "redist_opt.ir.cost/1"
@@ -86,8 +95,16 @@ def _fitted_rows(value) -> tuple:
         for x in (a, b):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 0 and math.isfinite(x)):
                 raise ValueError(f"cost profile fitted row {row!r}: terms must be finite numbers >= 0")
-        rows.append((kind, _as_int("fitted group size", p), link, _as_int("fitted up_to_nbytes", up_to),
-                     float(a), float(b)))  # fmt: skip
+        rows.append(
+            (
+                kind,
+                _as_int("fitted group size", p),
+                link,
+                _as_int("fitted up_to_nbytes", up_to),
+                float(a),
+                float(b),
+            )
+        )
     return tuple(rows)
 
 
@@ -120,11 +137,11 @@ class CostModel:
     fitted: tuple = ()
 
     @classmethod
-    def default(cls) -> "CostModel":
+    def default(cls) -> CostModel:
         return cls()
 
     @classmethod
-    def profile(cls, name: str) -> "CostModel":
+    def profile(cls, name: str) -> CostModel:
         if name == "nccl":
             return cls()
         if name == "gloo":
@@ -164,7 +181,7 @@ class CostModel:
         raise ValueError(f"unknown cost profile {name!r} (known: {', '.join(BUILTIN_PROFILES)})")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostModel":
+    def from_dict(cls, data: dict) -> CostModel:
         """A model from ``to_dict()`` output, or from a profile file's parsed JSON."""
         if not isinstance(data, dict):
             raise ValueError(f"cost profile must be a JSON object, got {type(data).__name__}")
@@ -224,7 +241,7 @@ class CostModel:
             raise ValueError(f"cost profile expected_reuse={self.expected_reuse} must be >= 1")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "CostModel":
+    def load(cls, path: str | os.PathLike) -> CostModel:
         """Read a profile written by :meth:`save` or ``redist-opt calibrate``."""
         with open(path) as f:
             try:
@@ -248,7 +265,7 @@ class CostModel:
         os.replace(tmp, path)
 
     def link(self, group, mesh=None) -> str:
-        """"intra" when the group stays within a host, else "inter"."""
+        """ "intra" when the group stays within a host, else "inter"."""
         if self.devices_per_host is None or mesh is None:
             return "intra"
         # A group stays within a host when every mode of its layout tiles the
@@ -313,7 +330,9 @@ class CostModel:
             measured = self._fitted_time(kind, p, link, nbytes)
             if measured is not None:
                 return measured
-        alpha, bw = (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
+        alpha, bw = (
+            (self.alpha_intra, self.bw_intra) if link == "intra" else (self.alpha_inter, self.bw_inter)
+        )
         if kind == "reduce_scatter" and self.reduce_scatter_as_all_reduce:
             kind = "all_reduce"
         steps, moved = steps_and_bytes(kind, p, nbytes, self.algorithm)
@@ -323,9 +342,7 @@ class CostModel:
         return self.create_group / max(1, self.expected_reuse)
 
     def plan_time(self, plan) -> float:
-        return sum(
-            self.collective_time(c.kind, c.group, c.bytes_in, plan.mesh) for c in plan.collectives()
-        )
+        return sum(self.collective_time(c.kind, c.group, c.bytes_in, plan.mesh) for c in plan.collectives())
 
 
 # -- which profile a plan uses ----------------------------------------------------------

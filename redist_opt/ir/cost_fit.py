@@ -191,7 +191,11 @@ def fit_profile(measurements: list[dict], creation: Sequence[float], name: str, 
         if inter and intra:
             across = fit_alpha_beta(inter, (fit.algorithm,), (fit.reduce_scatter_as_all_reduce,))
             changes |= {"alpha_inter": across.alpha, "bw_inter": across.bw}
-            record["inter"] = {"alpha_s": across.alpha, "bw_bytes_per_s": across.bw, "launch_s": across.launch}
+            record["inter"] = {
+                "alpha_s": across.alpha,
+                "bw_bytes_per_s": across.bw,
+                "launch_s": across.launch,
+            }
         model = dataclasses.replace(model, **changes)
     for m in measurements:
         m["model"] = model.time_of(m["kind"], m["p"], m.get("link", "intra"), m["nbytes"])

@@ -162,15 +162,26 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
     if existing is not None and existing._layout.collapse() == layout:
         return existing
     if dist.get_backend() == "fake":
-        flat = DeviceMesh(root._device_type, _layout=_MeshLayout((layout,)), _rank_map=root._rank_map,
-                          mesh_dim_names=(name,), _root_mesh=root)
+        flat = DeviceMesh(
+            root._device_type,
+            _layout=_MeshLayout((layout,)),
+            _rank_map=root._rank_map,
+            mesh_dim_names=(name,),
+            _root_mesh=root,
+        )
     else:
         tiles = _MeshLayout((layout,)).remap_to_tensor(root._rank_map).tolist()
         me = dist.get_rank()
         tile = next(t for t in tiles if me in t)
         pg = _member_group(sorted(tile), f"mesh_{name}", timeout)
-        flat = DeviceMesh(root._device_type, _layout=_MeshLayout((layout,)), _rank_map=root._rank_map,
-                          mesh_dim_names=(name,), _root_mesh=root, _init_backend=False)
+        flat = DeviceMesh(
+            root._device_type,
+            _layout=_MeshLayout((layout,)),
+            _rank_map=root._rank_map,
+            mesh_dim_names=(name,),
+            _root_mesh=root,
+            _init_backend=False,
+        )
         flat._dim_group_names = [pg.group_name]
         root._pg_registry[pg.group_name] = pg
     root._flatten_mapping[name] = flat
@@ -196,8 +207,14 @@ def _member_group(ranks: list[int], desc: str, timeout):
             return pg
     default_timeout = c10d._get_default_store().timeout
     pg, _ = c10d._new_process_group_helper(
-        len(ranks), ranks.index(dist.get_rank()), ranks, dist.get_backend(), c10d._get_default_store(),
-        name, timeout=timeout or default_timeout, group_desc=desc,
+        len(ranks),
+        ranks.index(dist.get_rank()),
+        ranks,
+        dist.get_backend(),
+        c10d._get_default_store(),
+        name,
+        timeout=timeout or default_timeout,
+        group_desc=desc,
     )
     c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
     if timeout is not None and timeout != default_timeout:
@@ -221,7 +238,9 @@ def flattened_meshes(device_mesh) -> dict:
     return dict(root_mesh(device_mesh)._flatten_mapping)
 
 
-def dims_of_layout(layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1) -> tuple[int, ...] | None:
+def dims_of_layout(
+    layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1
+) -> tuple[int, ...] | None:
     """The first ordered set of at least ``min_dims`` dims (fewest dims first) whose
     collapsed ``dim_layouts`` equal ``layout``, or None."""
     n = len(dim_layouts)

@@ -113,7 +113,9 @@ def _pad_nested(emit, x, shape, dim, counts):
     sizes = sym.nested_chunk_sizes(shape[dim], counts)
     full = max(sizes)  # the first piece: ceil at every level
     parts = pieces(emit, x, sizes, dim)
-    return emit(aten.cat.default, [_pad_end(emit, p, len(shape), dim, full - s) for p, s in zip(parts, sizes)], dim)
+    return emit(
+        aten.cat.default, [_pad_end(emit, p, len(shape), dim, full - s) for p, s in zip(parts, sizes)], dim
+    )
 
 
 def _unpad_nested(emit, x, shape, dim, length, counts):
@@ -157,8 +159,10 @@ def _unpack_blocks(emit, x, shape, dim, counts, blocks, *lengths):
     of its piece along that tensor dim, whose full length is the matching ``lengths``.
     """
     slot = shape[dim] // math.prod(counts)
-    sizes = {t: sym.nested_chunk_sizes(int(length), [counts[p] for p in pos])
-             for (t, pos), length in zip(blocks, lengths)}
+    sizes = {
+        t: sym.nested_chunk_sizes(int(length), [counts[p] for p in pos])
+        for (t, pos), length in zip(blocks, lengths)
+    }
     covered = sorted(p for _, pos in blocks for p in pos)
     even = all(s == (slot if t == dim else shape[t]) for t, ss in sizes.items() for s in ss)
     if even and covered == list(range(len(counts))):
@@ -170,7 +174,7 @@ def _unpack_even_blocks(emit, x, shape, dim, counts, blocks, slot):
     # One copy: view [..., c_0, .., c_m-1, slot, ...]; tensor dim t gathers the count axes
     # of its positions (outermost first) in front of its own axis; then merge them.
     m = len(counts)
-    viewed = emit(aten.view.default, contiguous(emit, x), [*shape[:dim], *counts, slot, *shape[dim + 1:]])
+    viewed = emit(aten.view.default, contiguous(emit, x), [*shape[:dim], *counts, slot, *shape[dim + 1 :]])
     positions = dict(blocks)
     order, out_shape = [], []
     for t in range(len(shape)):
@@ -196,7 +200,9 @@ def _unpack_sliced_blocks(emit, x, shape, dim, counts, blocks, slot, sizes):
         if level == len(blocks):
             return block(chunk_index)
         t, _ = blocks[level]
-        return emit(aten.cat.default, [build(level + 1, {**chunk_index, t: k}) for k in range(len(sizes[t]))], t)
+        return emit(
+            aten.cat.default, [build(level + 1, {**chunk_index, t: k}) for k in range(len(sizes[t]))], t
+        )
 
     return contiguous(emit, build(0, {}))
 

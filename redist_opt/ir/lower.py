@@ -33,8 +33,8 @@ from torch.distributed.tensor.placement_types import (
 )
 
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.placements import RedistributeError, norm_type_of, placement_str, reduce_op_of
 
 __all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition"]

@@ -49,7 +49,7 @@ class MeshGroup:
             idx = idx * n + coords[d]
         return idx
 
-    def name(self, spec: "MeshSpec") -> str:
+    def name(self, spec: MeshSpec) -> str:
         return "+".join(spec.dim_name(d) for d in self.dims)
 
     def __repr__(self) -> str:
@@ -97,8 +97,7 @@ class MeshSpec:
             names = tuple(self.names)
             if len(names) != len(sizes):
                 raise RedistributeError(
-                    f"mesh ({'x'.join(map(str, sizes))}) has {len(sizes)} dims but {len(names)} "
-                    f"names {names}"
+                    f"mesh ({'x'.join(map(str, sizes))}) has {len(sizes)} dims but {len(names)} names {names}"
                 )
             if len(set(names)) != len(names):
                 raise RedistributeError(f"mesh dim names {names} are not unique")
@@ -111,20 +110,34 @@ class MeshSpec:
         object.__setattr__(self, "flattened_layouts", self._layouts_of(self.flattened))
         if self.torch_flattened is not None:
             object.__setattr__(self, "torch_flattened", tuple(self.torch_flattened))
-        torch_layouts = self.flattened_layouts if self.torch_flattened is None else self._layouts_of(self.torch_flattened)
+        torch_layouts = (
+            self.flattened_layouts if self.torch_flattened is None else self._layouts_of(self.torch_flattened)
+        )
         object.__setattr__(self, "torch_flattened_layouts", torch_layouts)
         # Plans are cached by MeshSpec: hash once, not on every lookup.
         object.__setattr__(
             self,
             "_hash",
-            hash((self.sizes, self.names, self.dim_layouts, self.index_space, self.flattened_layouts,
-                  self.torch_flattened_layouts, self.backend, self.ranks_ascending)),
+            hash(
+                (
+                    self.sizes,
+                    self.names,
+                    self.dim_layouts,
+                    self.index_space,
+                    self.flattened_layouts,
+                    self.torch_flattened_layouts,
+                    self.backend,
+                    self.ranks_ascending,
+                )
+            ),
         )
 
     def _layouts_of(self, groups) -> frozenset:
         """Collapsed layouts of ``groups``: layouts as they are, dim-name groups collapsed."""
         return frozenset(
-            g if isinstance(g, L.FlatLayout) else L.collapse([self.dim_layouts[d] for d in sorted(self.dims_of(g))])
+            g
+            if isinstance(g, L.FlatLayout)
+            else L.collapse([self.dim_layouts[d] for d in sorted(self.dims_of(g))])
             for g in groups
         )
 
@@ -133,7 +146,7 @@ class MeshSpec:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def from_device_mesh(cls, device_mesh) -> "MeshSpec":
+    def from_device_mesh(cls, device_mesh) -> MeshSpec:
         """Read sizes, names, per-dim layouts and existing flattened meshes off a DeviceMesh."""
         return cls(
             sizes=tuple(L.numel(lay) for lay in L.device_mesh_dim_layouts(device_mesh)),
@@ -235,10 +248,9 @@ class MeshSpec:
             return True
         return group.layout in self.flattened_layouts
 
-    def with_flattened(self, groups: Iterable) -> "MeshSpec":
+    def with_flattened(self, groups: Iterable) -> MeshSpec:
         """The same mesh with more flattened groups available (created as ``_flatten``
         meshes of the root, so torch's merge pass finds them too)."""
         groups = tuple(groups)
         torch_flattened = None if self.torch_flattened is None else self.torch_flattened + groups
         return dataclasses.replace(self, flattened=self.flattened + groups, torch_flattened=torch_flattened)
-

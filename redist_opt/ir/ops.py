@@ -51,8 +51,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.distributed.tensor.placement_types import Placement
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup
@@ -244,7 +244,9 @@ class StepInfo:
 
     def __post_init__(self) -> None:
         if self.variant and STEP_VARIANTS[self.variant].kind != self.kind:
-            raise ValueError(f"step variant {self.variant} is a {STEP_VARIANTS[self.variant].kind}, not {self.kind}")
+            raise ValueError(
+                f"step variant {self.variant} is a {STEP_VARIANTS[self.variant].kind}, not {self.kind}"
+            )
 
     # Derived facts are cached: every pass asks them many times per plan.
     @functools.cached_property
@@ -268,7 +270,7 @@ class StepInfo:
 
     @functools.cached_property
     def reduce_op(self) -> str | None:
-        """"sum", "avg", "max", "min", "product", or "norm(p)" for a partial p-norm."""
+        """ "sum", "avg", "max", "min", "product", or "norm(p)" for a partial p-norm."""
         for p in (self.src, self.dst):
             if p.is_partial():
                 return reduce_op_of(p)

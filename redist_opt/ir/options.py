@@ -69,7 +69,7 @@ class PlanOptions:
         return self._hash
 
     @classmethod
-    def of(cls, options: "PlanOptions | None" = None, **fields) -> "PlanOptions":
+    def of(cls, options: PlanOptions | None = None, **fields) -> PlanOptions:
         """``options`` with ``fields`` replaced (the keyword arguments of the public
         functions); an unknown keyword raises ``RedistributeError`` naming it."""
         unknown = set(fields) - _FIELDS

@@ -33,9 +33,7 @@ class IRParseError(ValueError):
     """The text is not valid IR; the message names the line."""
 
 
-_HEAD_RE = re.compile(
-    r"redistribute (\[.*\]) -> (\[.*\]) on mesh \((.*)\), shape \((.*)\), (\w+)$"
-)
+_HEAD_RE = re.compile(r"redistribute (\[.*\]) -> (\[.*\]) on mesh \((.*)\), shape \((.*)\), (\w+)$")
 _STEP_RE = re.compile(r"step (\d+) over (\S+): (\S+) -> (\S+), logical=(\(.*?\))((?:, \w+=.*)?)$")
 _NODE_RE = re.compile(r"%(\w+) = (\w+)\(%(\w+)(.*)\)$")
 _PLACEHOLDER_RE = re.compile(r"%(\w+) : (\(.*\))$")
@@ -75,10 +73,19 @@ class _Reader:
         if re.fullmatch(r"-?\d+", text):
             return sym.as_expr(int(text))
         local = {"chunk": sym.ChunkSize, "ceildiv": sym.CeilDiv, **self.symbols}
-        e = parse_expr(text, local_dict=local, global_dict={"Integer": sympy.Integer, "Max": sympy.Max,
-                                                           "Min": sympy.Min, "Symbol": sympy.Symbol,
-                                                           "Mul": sympy.Mul, "Add": sympy.Add,
-                                                           "Rational": sympy.Rational})
+        e = parse_expr(
+            text,
+            local_dict=local,
+            global_dict={
+                "Integer": sympy.Integer,
+                "Max": sympy.Max,
+                "Min": sympy.Min,
+                "Symbol": sympy.Symbol,
+                "Mul": sympy.Mul,
+                "Add": sympy.Add,
+                "Rational": sympy.Rational,
+            },
+        )
         unknown = e.free_symbols - set(self.symbols.values())
         if unknown:
             raise IRParseError(f"unknown name(s) {sorted(map(str, unknown))} in {text!r}")
@@ -126,7 +133,9 @@ class _Reader:
     def header(self, line: str):
         m = _HEAD_RE.match(line)
         if not m:
-            raise IRParseError(f"expected 'redistribute SRC -> DST on mesh (...), shape (...), dtype', got {line!r}")
+            raise IRParseError(
+                f"expected 'redistribute SRC -> DST on mesh (...), shape (...), dtype', got {line!r}"
+            )
         src, dst, mesh, shape, dtype = m.groups()
         if "=" in mesh:
             pairs = [p.split("=") for p in mesh.split(",")]
@@ -142,12 +151,10 @@ class _Reader:
 
     def mesh_options(self, line: str) -> dict:
         out = {}
-        for item in split_top_level(line[len("mesh "):], " "):
+        for item in split_top_level(line[len("mesh ") :], " "):
             key, _, value = item.partition("=")
             if key == "flattened":
-                out[key] = tuple(
-                    self.layout(g) if ":" in g else g for g in split_top_level(value[1:-1])
-                )
+                out[key] = tuple(self.layout(g) if ":" in g else g for g in split_top_level(value[1:-1]))
             elif key == "layouts":
                 out["dim_layouts"] = tuple(self.layout(g) for g in split_top_level(value[1:-1]))
             elif key == "backend":
@@ -223,7 +230,7 @@ def _parse(lines):
     r.mesh = MeshSpec(sizes=sizes, names=names, **options)
     r.symbols = {f"c_{r.mesh.dim_name(d)}": sym.coord(d) for d in range(r.mesh.ndim)}
     if rest and rest[0][1].startswith("fallback: "):
-        reason = rest[0][1][len("fallback: "):]
+        reason = rest[0][1][len("fallback: ") :]
         return Plan(r.mesh, src, dst, shape, dtype, (), None, fallback_reason=reason)
     gm, steps = _parse_graph(r, rest)
     return Plan(r.mesh, src, dst, shape, dtype, steps, gm)
@@ -241,7 +248,7 @@ def _parse_graph(r: _Reader, lines):
                 step = r.step(line)
                 steps.append(step)
             elif line.startswith("return "):
-                graph.output(values[line[len("return %"):]])
+                graph.output(values[line[len("return %") :]])
             elif _PLACEHOLDER_RE.match(line) and not values:
                 name, shape = _PLACEHOLDER_RE.match(line).groups()
                 node = graph.placeholder(name)

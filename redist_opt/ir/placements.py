@@ -14,10 +14,9 @@ produces a tensor.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
-
-import math
 
 from torch.distributed.tensor._ops._math_ops import _NormPartial
 from torch.distributed.tensor.placement_types import (
@@ -170,7 +169,9 @@ def _split_top_level(text: str) -> list[str]:
     return [s.strip() for s in parts]
 
 
-def shard_order(placements: Sequence[Placement], mesh_sizes: Sequence[int]) -> dict[int, tuple[int, ...]] | None:
+def shard_order(
+    placements: Sequence[Placement], mesh_sizes: Sequence[int]
+) -> dict[int, tuple[int, ...]] | None:
     """Per sharded tensor dim, the mesh dims that shard it in shard order (outermost
     first), or None when ``_StridedShard`` split factors name no order.
 

@@ -113,7 +113,7 @@ class Plan:
     def groups_needed(self) -> frozenset[MeshGroup]:
         return frozenset(c.group for c in self.collectives())
 
-    def replace(self, **changes) -> "Plan":
+    def replace(self, **changes) -> Plan:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:

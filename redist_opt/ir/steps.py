@@ -161,14 +161,14 @@ class ShardState:
     # emits no op (so no region) for them.
 
     @classmethod
-    def of(cls, placements, mesh: MeshSpec) -> "ShardState":
+    def of(cls, placements, mesh: MeshSpec) -> ShardState:
         decoded = shard_order(placements, mesh.sizes)  # _StridedShard encodes its order
         if decoded is None:
             raise ValueError(f"placements {placements} encode no shard order")
         order = {t: [d for d in ds if mesh.sizes[d] > 1] for t, ds in decoded.items()}
         return cls({t: ds for t, ds in order.items() if ds})
 
-    def copy(self) -> "ShardState":
+    def copy(self) -> ShardState:
         return ShardState({t: list(ds) for t, ds in self.order.items()})
 
     def apply(self, step: ir.StepInfo, mesh: MeshSpec) -> None:
@@ -222,9 +222,7 @@ def with_state_logical_shape(
     step: ir.StepInfo, state: ShardState, global_shape, mesh: MeshSpec
 ) -> ir.StepInfo:
     """The step with its logical shape recomputed from the actual state before it."""
-    return dataclasses.replace(
-        step, logical_shape=state.logical_shape(global_shape, mesh, step.mesh_dims)
-    )
+    return dataclasses.replace(step, logical_shape=state.logical_shape(global_shape, mesh, step.mesh_dims))
 
 
 def merged_step(

@@ -85,12 +85,12 @@ def _gathers(mesh: MeshSpec, src, dst) -> tuple[dict, str | None]:
         have, want = order.get(t, ()), dst_order.get(t, ())
         if have == want:
             continue
-        if have[: len(want)] != want or any(not dst[d].is_replicate() for d in have[len(want):]):
+        if have[: len(want)] != want or any(not dst[d].is_replicate() for d in have[len(want) :]):
             return {}, (
                 f"{placements_str(src)} -> {placements_str(dst)} reorders the sharding of tensor dim {t} "
                 f"(shard order {have} -> {want}): torch's min-cost planner chooses that path"
             )
-        gathers[t] = have[len(want):]
+        gathers[t] = have[len(want) :]
     if len(gathers) > 1:
         return {}, (
             f"{placements_str(src)} -> {placements_str(dst)} unshards several tensor dims: torch's "

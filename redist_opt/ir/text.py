@@ -40,7 +40,6 @@ Lines starting with ``#`` are comments.
 
 from __future__ import annotations
 
-
 import torch.fx as fx
 
 from redist_opt.ir import layout as L
@@ -142,7 +141,9 @@ def format_plan(plan) -> str:
     if plan.cost_profile:
         lines.append(f"  cost model: {plan.cost_profile}")
     for n in plan.notes:
-        lines.append("  " + note_str({"pass": n.pass_name, "made": n.made, "what": n.what, "reason": n.reason}))
+        lines.append(
+            "  " + note_str({"pass": n.pass_name, "made": n.made, "what": n.what, "reason": n.reason})
+        )
     lines.append(format_graph(plan))
     return "\n".join(lines)
 
@@ -171,8 +172,10 @@ def _step_line(step: ops.StepInfo, mesh: MeshSpec, names) -> str:
 def _mesh_line(mesh: MeshSpec) -> str | None:
     items = []
     if mesh.flattened:
-        flat = [L.format_layout(g) if isinstance(g, L.FlatLayout) else dims_str(mesh.dims_of(g), mesh)
-                for g in mesh.flattened]
+        flat = [
+            L.format_layout(g) if isinstance(g, L.FlatLayout) else dims_str(mesh.dims_of(g), mesh)
+            for g in mesh.flattened
+        ]
         items.append("flattened=[" + ", ".join(flat) + "]")
     if mesh.backend is not None:
         items.append(f"backend={mesh.backend}")

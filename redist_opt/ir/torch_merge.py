@@ -65,7 +65,12 @@ def merge_runs(steps: Sequence[StepInfo]) -> list[tuple[int, int]]:
     while i < len(steps):
         j = i + 1
         if steps[i].kind in _MERGEABLE and not steps[i].variant:
-            while j < len(steps) and steps[j].kind in _MERGEABLE and not steps[j].variant and _mergeable(steps[j], steps[i]):
+            while (
+                j < len(steps)
+                and steps[j].kind in _MERGEABLE
+                and not steps[j].variant
+                and _mergeable(steps[j], steps[i])
+            ):
                 j += 1
         out.append((i, j))
         i = j

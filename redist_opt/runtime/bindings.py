@@ -26,7 +26,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from redist_opt.runtime.torch_dtensor import REDISTRIBUTE_LOCAL_PATCH_POINTS, TORCH_REDISTRIBUTE_LOCAL, importable
+from redist_opt.runtime.torch_dtensor import (
+    REDISTRIBUTE_LOCAL_PATCH_POINTS,
+    TORCH_REDISTRIBUTE_LOCAL,
+    importable,
+)
 
 __all__ = ["RedistributeLocalPatch", "install_redistribute_local", "restore_redistribute_local"]
 

@@ -139,8 +139,11 @@ def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None
     if verdict == b"commit":
         return {r: pickle.loads(store.get(k)) for r, k in zip(ranks, keys)}
     missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
-    who = (f"rank(s) {missing} did not join it" if missing else
-           f"this rank ({me}) joined after the others had given up waiting")
+    who = (
+        f"rank(s) {missing} did not join it"
+        if missing
+        else f"this rank ({me}) joined after the others had given up waiting"
+    )
     raise AgreementError(
         f"redist_opt: ranks {list(ranks)} must agree on {topic} before any of them acts on it, and "
         f"{who} within {timeout_s:g} s (a rank slower than that, or one that exited or died); "
@@ -173,8 +176,10 @@ def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str |
     if not failed:
         return None
     first = min(failed)
-    reason = (f"creating the merged group over mesh dims {tuple(dims)} failed on rank(s) {sorted(failed)} "
-              f"(rank {first}: {failed[first]}); every rank of {sorted(outcomes)} runs the unmerged plan")
+    reason = (
+        f"creating the merged group over mesh dims {tuple(dims)} failed on rank(s) {sorted(failed)} "
+        f"(rank {first}: {failed[first]}); every rank of {sorted(outcomes)} runs the unmerged plan"
+    )
     _abandoned[(id(L.root_mesh(device_mesh)), layout)] = reason
     return reason
 
@@ -223,8 +228,12 @@ def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeou
     if key in _agreed or len(ranks) < 2 or not needs_agreement(device_mesh):
         return True
     try:
-        facts = exchange("the cost profile compiled programs are priced with", ranks,
-                         _planning_facts(spec, cost), timeout_s=timeout_s)
+        facts = exchange(
+            "the cost profile compiled programs are priced with",
+            ranks,
+            _planning_facts(spec, cost),
+            timeout_s=timeout_s,
+        )
     except AgreementError:
         _agreed.add(key)
         return False
@@ -246,8 +255,10 @@ def _raise_if_different(facts: dict) -> None:
     for r, (setting, digest, _) in sorted(facts.items()):
         by_profile.setdefault(digest, []).append((r, setting))
     if len(by_profile) > 1:
-        parts = [f"ranks {[r for r, _ in members]} plan with {members[0][1]} (profile {digest[:8]})"
-                 for digest, members in by_profile.items()]
+        parts = [
+            f"ranks {[r for r, _ in members]} plan with {members[0][1]} (profile {digest[:8]})"
+            for digest, members in by_profile.items()
+        ]
         raise AgreementError(
             "redist_opt: the ranks of one mesh would plan with different cost profiles, and so issue "
             f"different collectives: {'; '.join(parts)}. Give every rank the same "

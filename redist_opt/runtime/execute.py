@@ -30,12 +30,19 @@ from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.groups import resolve_group
 
-__all__ = ["execute", "check_local_shape", "rank_coordinates", "apply_local_op", "run_collective", "input_shape"]
+__all__ = [
+    "execute",
+    "check_local_shape",
+    "rank_coordinates",
+    "apply_local_op",
+    "run_collective",
+    "input_shape",
+]
 
 
 # -- coordinates ----------------------------------------------------------------
 
-_coords_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_coords_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
@@ -173,8 +180,11 @@ def execute(
     check_local_shape(input_shape(gm), x, device_mesh)
     # Every group first: one that cannot be had (GroupUnavailable, agreed on every
     # rank) is then known before this rank issued any collective of the plan.
-    pgs = {node: resolve_group(device_mesh, node.args[1], groups)
-           for node in gm.graph.nodes if ir_name(node) is not None and node.target.is_collective}
+    pgs = {
+        node: resolve_group(device_mesh, node.args[1], groups)
+        for node in gm.graph.nodes
+        if ir_name(node) is not None and node.target.is_collective
+    }
     for node in gm.graph.nodes:
         name = ir_name(node)
         if name is None:

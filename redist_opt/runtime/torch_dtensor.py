@@ -36,11 +36,11 @@ import importlib
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
 from torch.distributed._functional_collectives import _are_we_tracing as _funcol_are_we_tracing
 from torch.distributed._functional_collectives import _resolve_group_name as _funcol_resolve_group_name
+from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
+from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import _collective_utils as _torch_collective_utils
 from torch.distributed.tensor import _redistribute as _torch_redistribute
@@ -166,7 +166,9 @@ def shape_is_symbolic(spec: DTensorSpec) -> bool:
     return False
 
 
-def record_redistribute(local_tensor, current: DTensorSpec, target: DTensorSpec, summary: str, is_explicit: bool):
+def record_redistribute(
+    local_tensor, current: DTensorSpec, target: DTensorSpec, summary: str, is_explicit: bool
+):
     """The context torch opens so an active ``DebugMode`` logs a redistribution (or a no-op)."""
     debug_mode = get_active_debug_mode()
     if debug_mode is None:

@@ -82,6 +82,7 @@ def parse_dtype(text: str) -> torch.dtype:
     return dt
 
 
+# Aligned by prefix (bytes, then SI, then binary): easier to check than one per line.
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kb": 1000, "kib": 1024,
@@ -161,12 +162,16 @@ def mesh_spec(text: str, flatten: list[str]) -> MeshSpec:
     return spec.with_flattened(groups) if groups else spec
 
 
-def cost_model(flag: str, profile: str | None, devices_per_host: int | None, spec=None) -> tuple[CostModel, str]:
+def cost_model(
+    flag: str, profile: str | None, devices_per_host: int | None, spec=None
+) -> tuple[CostModel, str]:
     """(model, where it came from): the profile given with ``flag`` (a built-in name or a
     file from ``redist-opt calibrate``), else ``$REDIST_OPT_COST_PROFILE`` or the backend
     of ``spec``; then ``--devices-per-host``."""
     try:
-        model, source = resolve(spec) if profile is None else (cost.load_profile(profile), f"{flag} {profile}")
+        model, source = (
+            resolve(spec) if profile is None else (cost.load_profile(profile), f"{flag} {profile}")
+        )
     except OSError as e:
         raise CliError(f"{flag}: cannot read {profile!r}: {e.strerror or e}") from None
     except ValueError as e:

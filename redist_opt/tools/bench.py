@@ -31,14 +31,31 @@ from redist_opt.tools.args import CliError, check_samples, cost_model, format_si
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
 
-__all__ = ["planning_bench", "format_planning", "exact_input", "run_variants", "VARIANTS", "wall_bench", "format_wall",
-           "bench_shape", "WALL_CASES", "WALL_MESH", "cmd_bench"]
+__all__ = [
+    "planning_bench",
+    "format_planning",
+    "exact_input",
+    "run_variants",
+    "VARIANTS",
+    "wall_bench",
+    "format_wall",
+    "bench_shape",
+    "WALL_CASES",
+    "WALL_MESH",
+    "cmd_bench",
+]
 
 
 # -- bench: planning speed ---------------------------------------------------------------
 
 # A 4-D job of 131,072 ranks: (mesh dims, flattened dims, src, dst, global shape).
-PLANNING_CASE = (dict(pp=8, dp=16, cp=32, tp=32), (("dp", "cp"), ("cp", "tp")), "P,P,S(0),R", "R,S(0),R,R", (4096, 1024))
+PLANNING_CASE = (
+    dict(pp=8, dp=16, cp=32, tp=32),
+    (("dp", "cp"), ("cp", "tp")),
+    "P,P,S(0),R",
+    "R,S(0),R,R",
+    (4096, 1024),
+)
 
 
 def _cached_times(fn, n: int) -> list[float]:
@@ -87,8 +104,14 @@ def planning_bench(*, runs: int = 100, cached_runs: int = 2500, cost: CostModel 
         ("redistribute hot path", "cached", _cached_times(lambda: plans_for(*hot_key), cached_runs)),
     ]
     return {
-        "case": dict(src=src, dst=dst, mesh=spec.shape_str, flattened=["+".join(f) for f in flattened],
-                     shape=list(shape), ranks=spec.num_ranks),  # fmt: skip
+        "case": dict(
+            src=src,
+            dst=dst,
+            mesh=spec.shape_str,
+            flattened=["+".join(f) for f in flattened],
+            shape=list(shape),
+            ranks=spec.num_ranks,
+        ),
         "cost_profile_used": cost is not None,
         "collectives": do_both().num_collectives,
         "timings": {f"{what} {mode}": _timing_row(what, mode, ts) for what, mode, ts in rows},
@@ -120,11 +143,13 @@ def exact_input(mesh, src_p, shape, rank: int) -> DTensor:
     value), of small integers: every summation order gives the same bits, so results
     compare exactly however the optimizer regrouped the sums."""
     full = (torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) * 7) % 11
-    dt = distribute_tensor(full, mesh, [Replicate() if p.is_partial() else p for p in src_p], src_data_rank=None)
+    dt = distribute_tensor(
+        full, mesh, [Replicate() if p.is_partial() else p for p in src_p], src_data_rank=None
+    )
     if any(p.is_partial() for p in src_p):
         dt = DTensor.from_local(
             dt.to_local() + rank % 3, mesh, src_p, run_check=False, shape=full.shape, stride=full.stride()
-        )  # fmt: skip
+        )
     return dt
 
 
@@ -151,7 +176,10 @@ def run_variants(mesh, src: str, dst: str, shape, rank: int, *, iters: int, warm
     for name, f in zip(VARIANTS, fns):
         with CommDebugMode() as mode:
             out = f()
-        equal[name], counts[name] = bool(out.shape == ref.shape and torch.equal(out, ref)), mode.get_total_counts()
+        equal[name], counts[name] = (
+            bool(out.shape == ref.shape and torch.equal(out, ref)),
+            mode.get_total_counts(),
+        )
     return dict(equal=equal, collectives=counts, samples=timed_samples(fns, iters, warmup))
 
 
@@ -180,20 +208,30 @@ def _wall_worker(rank: int, world: int, mesh_dims, flatten, points, iters: int, 
     mesh = init_device_mesh("cpu", mesh_dims[0], mesh_dim_names=mesh_dims[1])
     for dims in flatten:  # so torch's merge pass (and our groups="existing") can merge
         mesh[dims]._flatten()
-    return [run_variants(mesh, src, dst, shape, rank, iters=iters, warmup=warmup, cost=cost)
-            for src, dst, shape in points]  # fmt: skip
+    return [
+        run_variants(mesh, src, dst, shape, rank, iters=iters, warmup=warmup, cost=cost)
+        for src, dst, shape in points
+    ]
 
 
 def wall_bench(
-    points: Sequence[tuple[str, str, tuple[int, ...]]], *, mesh=WALL_MESH, flatten=(WALL_MESH[1],), iters: int = 15,
-    warmup: int = 2, cost: CostModel | None = None, timeout: float = 300.0,
+    points: Sequence[tuple[str, str, tuple[int, ...]]],
+    *,
+    mesh=WALL_MESH,
+    flatten=(WALL_MESH[1],),
+    iters: int = 15,
+    warmup: int = 2,
+    cost: CostModel | None = None,
+    timeout: float = 300.0,
 ) -> dict:
     """Each (src, dst, global shape) of ``points`` run three ways (:func:`run_variants`) on
     one gloo rank per position of ``mesh`` (sizes, names), with the ``flatten`` dims'
     flattened meshes created: per point the medians, ours/torch and its noise."""
     world = math.prod(mesh[0])
     t0 = time.perf_counter()
-    per_rank = run_ranks(_wall_worker, world, (mesh, flatten, list(points), iters, warmup, cost), timeout=timeout)
+    per_rank = run_ranks(
+        _wall_worker, world, (mesh, flatten, list(points), iters, warmup, cost), timeout=timeout
+    )
     wall = time.perf_counter() - t0
     rows = []
     for i, (src, dst, shape) in enumerate(points):
@@ -203,7 +241,11 @@ def wall_bench(
         ratio = o.median / t.median if t.median > 0 else float("nan")
         rows.append(
             dict(
-                case=f"{src} -> {dst}", src=src, dst=dst, shape=list(shape), nbytes=math.prod(shape) * 4,
+                case=f"{src} -> {dst}",
+                src=src,
+                dst=dst,
+                shape=list(shape),
+                nbytes=math.prod(shape) * 4,
                 equal=all(r[i]["equal"]["ours"] for r in per_rank),
                 torch_equal=all(r[i]["equal"]["torch"] for r in per_rank),
                 collectives=per_rank[0][i]["collectives"],
@@ -214,7 +256,7 @@ def wall_bench(
                 slower=bool(o.median - t.median > noise and ratio > 1 + MIN_FLAG_RATIO),
                 samples_ms={v: [s * 1e3 for s in stats[v].samples] for v in VARIANTS},
             )
-        )  # fmt: skip
+        )
     return {
         "mesh": {"sizes": list(mesh[0]), "names": list(mesh[1]), "flattened": ["+".join(f) for f in flatten]},
         "ranks": world,
@@ -296,13 +338,17 @@ def cmd_bench(args) -> int:
         print(f"running {len(cases)} cases x {len(sizes)} sizes on {ranks} gloo ranks ...", flush=True)
         points = [(src, dst, bench_shape(n)) for src, dst in cases for n in sizes]
         try:
-            result["wall"] = wall_bench(points, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout)
+            result["wall"] = wall_bench(
+                points, iters=args.iters, warmup=args.warmup, cost=cost, timeout=args.timeout
+            )
         except SpawnError as e:
             print(f"redist-opt bench: {e}", file=sys.stderr)
             return 1
         print(format_wall(result["wall"]))
         if not all(r["equal"] for r in result["wall"]["rows"]):
-            print("MISMATCH: some of our results differ from torch's with its merge pass off", file=sys.stderr)
+            print(
+                "MISMATCH: some of our results differ from torch's with its merge pass off", file=sys.stderr
+            )
             exit_code = 1
     if args.json:
         with open(args.json, "w") as f:

@@ -35,8 +35,15 @@ from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 from redist_opt.tools.timing import Clock, Stat, loadavg, note_load, select_device, timed_samples, wait
 
 __all__ = [
-    "calibrate", "calibrate_launched", "measure_collectives", "summarize", "format_calibration",
-    "Launch", "launched", "default_mesh", "cmd_calibrate",
+    "calibrate",
+    "calibrate_launched",
+    "measure_collectives",
+    "summarize",
+    "format_calibration",
+    "Launch",
+    "launched",
+    "default_mesh",
+    "cmd_calibrate",
 ]
 
 
@@ -71,7 +78,13 @@ def _host_groups(world: int, devices_per_host: int | None) -> list[tuple[str, in
 
 
 def measure_collectives(
-    mesh_sizes, names, sizes, iters: int, warmup: int, *, clock: Clock | None = None,
+    mesh_sizes,
+    names,
+    sizes,
+    iters: int,
+    warmup: int,
+    *,
+    clock: Clock | None = None,
     devices_per_host: int | None = None,
 ) -> dict:
     """Time every collective kind over the mesh's groups (each dim, the flattened whole
@@ -97,15 +110,23 @@ def measure_collectives(
         real = [d for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
         subsets = [c for k in range(2, len(real)) for c in itertools.combinations(real, k)]
         for dims in subsets:
-            groups.append(("+".join(names[d] for d in dims), dims, mesh[tuple(names[d] for d in dims)]._flatten().get_group()))
+            groups.append(
+                (
+                    "+".join(names[d] for d in dims),
+                    dims,
+                    mesh[tuple(names[d] for d in dims)]._flatten().get_group(),
+                )
+            )
         groups.append(("+".join(names), tuple(range(len(mesh_sizes))), flat.get_group()))
     for _ in range(2):
         dist.barrier()
         t0 = time.perf_counter()
         dist.new_group(list(range(world)))
         creation.append(time.perf_counter() - t0)
-    labelled = [(label, dist.get_world_size(pg), where.link(spec.group(dims), spec), dims, pg)
-                for label, dims, pg in groups]  # fmt: skip
+    labelled = [
+        (label, dist.get_world_size(pg), where.link(spec.group(dims), spec), dims, pg)
+        for label, dims, pg in groups
+    ]
     labelled += [(label, p, link, None, pg) for label, p, link, pg in _host_groups(world, devices_per_host)]
     out = []
     for nbytes in sizes:
@@ -117,14 +138,24 @@ def measure_collectives(
                 # float32; reduce_scatter and all_to_all split it, so divisible by the group size.
                 numel = max(p, nbytes // 4 // p * p) if kind in _SPLITTING else max(1, nbytes // 4)
                 fns.append(_op(kind, torch.randn(numel, device=device), pg))
-                points.append(dict(kind=kind, group=label, dims=None if dims is None else list(dims), p=p,
-                                   link=link, nbytes=numel * 4))  # fmt: skip
+                points.append(
+                    dict(
+                        kind=kind,
+                        group=label,
+                        dims=None if dims is None else list(dims),
+                        p=p,
+                        link=link,
+                        nbytes=numel * 4,
+                    )
+                )
         for point, s in zip(points, timed_samples(fns, iters, warmup, clock)):
             out.append(point | {"samples": s})
     return {"measurements": out, "creation": creation, "worker_s": time.perf_counter() - start}
 
 
-def validate_request(mesh_sizes: Sequence[int], names: Sequence[str] | None, world: int | None = None) -> tuple:
+def validate_request(
+    mesh_sizes: Sequence[int], names: Sequence[str] | None, world: int | None = None
+) -> tuple:
     """(mesh sizes, names), checked against a launched job's ``world``; ValueError names the problem."""
     mesh_sizes = tuple(int(s) for s in mesh_sizes)
     names = tuple(names or (f"d{i}" for i in range(len(mesh_sizes))))
@@ -147,14 +178,25 @@ def summarize(per_rank: Sequence[dict]) -> tuple[list[dict], list[float]]:
     return measurements, creation
 
 
-def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names, sizes, iters: int, warmup: int,
-         t0: float, **extra) -> tuple[CostModel, dict]:
+def _fit(
+    per_rank: Sequence[dict],
+    backend: str,
+    device: str,
+    mesh_sizes,
+    names,
+    sizes,
+    iters: int,
+    warmup: int,
+    t0: float,
+    **extra,
+) -> tuple[CostModel, dict]:
     """(model, calibration record) fitted to every rank's samples; ``t0``: when the
     calibration started. ``extra`` (the mode, and a launched job's ``devices_per_host``,
     which the fit uses too) goes to the record."""
     measurements, creation = summarize(per_rank)
-    model, fit = fit_profile(measurements, creation, f"{backend}-calibrated-{len(per_rank)}",
-                             extra.get("devices_per_host"))  # fmt: skip
+    model, fit = fit_profile(
+        measurements, creation, f"{backend}-calibrated-{len(per_rank)}", extra.get("devices_per_host")
+    )
     record = {
         "backend": backend,
         "device": device,
@@ -163,7 +205,11 @@ def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names,
         "sizes": list(sizes),
         "iters": iters,
         "warmup": warmup,
-        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "host": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - t0,
@@ -178,14 +224,22 @@ def _fit(per_rank: Sequence[dict], backend: str, device: str, mesh_sizes, names,
 
 
 def calibrate(
-    mesh_sizes: Sequence[int], names: Sequence[str] | None, sizes: Sequence[int], *,
-    iters: int, warmup: int, timeout: float,
+    mesh_sizes: Sequence[int],
+    names: Sequence[str] | None,
+    sizes: Sequence[int],
+    *,
+    iters: int,
+    warmup: int,
+    timeout: float,
 ) -> tuple[CostModel, dict]:
     """Measure on one spawned gloo rank per mesh position and fit; returns (model, calibration record)."""
     mesh_sizes, names = validate_request(mesh_sizes, names)
     t0 = time.perf_counter()
     per_rank = run_ranks(
-        _calibrate_worker, math.prod(mesh_sizes), (mesh_sizes, names, list(sizes), iters, warmup), timeout=timeout
+        _calibrate_worker,
+        math.prod(mesh_sizes),
+        (mesh_sizes, names, list(sizes), iters, warmup),
+        timeout=timeout,
     )
     return _fit(per_rank, "gloo", "cpu", mesh_sizes, names, sizes, iters, warmup, t0, mode="spawn")
 
@@ -255,7 +309,9 @@ def launched(env: Mapping[str, str] | None = None) -> Launch | None:
         local_rank = int(env.get("LOCAL_RANK", rank))
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
     except ValueError as e:
-        raise ValueError(f"launcher environment: {e} (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE must be integers)") from None
+        raise ValueError(
+            f"launcher environment: {e} (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE must be integers)"
+        ) from None
     if not (0 <= rank < world) or not (0 <= local_rank < local_world <= world):
         raise ValueError(
             f"launcher environment: RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local_rank} "
@@ -277,8 +333,14 @@ def default_mesh(world: int) -> tuple[int, ...]:
 
 
 def calibrate_launched(
-    launch: Launch, mesh_sizes: Sequence[int], names: Sequence[str] | None, sizes: Sequence[int], *,
-    iters: int, warmup: int, timeout: float,
+    launch: Launch,
+    mesh_sizes: Sequence[int],
+    names: Sequence[str] | None,
+    sizes: Sequence[int],
+    *,
+    iters: int,
+    warmup: int,
+    timeout: float,
 ) -> tuple[CostModel, dict] | None:
     """Measure on the launched job's ranks; (model, record) on rank 0, None elsewhere."""
     mesh_sizes, names = validate_request(mesh_sizes, names, launch.world)
@@ -290,8 +352,15 @@ def calibrate_launched(
     dist.init_process_group(backend, rank=launch.rank, world_size=launch.world, timeout=timeout_td)
     try:
         with quiet_torch_logs():
-            mine = measure_collectives(mesh_sizes, names, list(sizes), iters, warmup, clock=clock,
-                                       devices_per_host=launch.devices_per_host)  # fmt: skip
+            mine = measure_collectives(
+                mesh_sizes,
+                names,
+                list(sizes),
+                iters,
+                warmup,
+                clock=clock,
+                devices_per_host=launch.devices_per_host,
+            )
         per_rank = [None] * launch.world if launch.rank == 0 else None
         dist.gather_object(mine, per_rank, dst=0)
     finally:
@@ -299,9 +368,19 @@ def calibrate_launched(
     if launch.rank != 0:
         return None
     return _fit(
-        per_rank, backend, clock.device.type, mesh_sizes, names, sizes, iters, warmup, t0,
-        mode="launched", devices_per_host=launch.devices_per_host, local_world_size=launch.local_world,
-    )  # fmt: skip
+        per_rank,
+        backend,
+        clock.device.type,
+        mesh_sizes,
+        names,
+        sizes,
+        iters,
+        warmup,
+        t0,
+        mode="launched",
+        devices_per_host=launch.devices_per_host,
+        local_world_size=launch.local_world,
+    )
 
 
 # -- the command ---------------------------------------------------------------------
@@ -310,13 +389,16 @@ def calibrate_launched(
 def cmd_calibrate(args) -> int:
     """``redist-opt calibrate``: spawned gloo ranks, or the ranks a launcher started."""
     launch = launched()
-    mesh_sizes, names = parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
+    mesh_sizes, names = (
+        parse_mesh(args.mesh) if args.mesh else (default_mesh(launch.world) if launch else (2, 2), None)
+    )
     sizes = parse_size_list(args.sizes)
     check_samples(args.iters, args.warmup)
     if launch is not None:
         try:
-            result = calibrate_launched(launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup,
-                                        timeout=args.timeout)  # fmt: skip
+            result = calibrate_launched(
+                launch, mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
+            )
         except ValueError as e:
             raise CliError(str(e)) from None
         if result is None:  # not rank 0: rank 0 reports and writes
@@ -330,7 +412,9 @@ def cmd_calibrate(args) -> int:
     )
     note_load()
     try:
-        model, record = calibrate(mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout)
+        model, record = calibrate(
+            mesh_sizes, names, sizes, iters=args.iters, warmup=args.warmup, timeout=args.timeout
+        )
     except ValueError as e:
         raise CliError(str(e)) from None
     except SpawnError as e:

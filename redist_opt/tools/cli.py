@@ -21,8 +21,15 @@ from redist_opt.api.recording import Recording
 from redist_opt.debug import dump, explain, visualize
 from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
-from redist_opt.tools.args import DEFAULT_BENCH_SIZES, DEFAULT_CALIBRATE_SIZES, CliError, cost_model
-from redist_opt.tools.args import mesh_spec, parse_dtype, parse_shape
+from redist_opt.tools.args import (
+    DEFAULT_BENCH_SIZES,
+    DEFAULT_CALIBRATE_SIZES,
+    CliError,
+    cost_model,
+    mesh_spec,
+    parse_dtype,
+    parse_shape,
+)
 from redist_opt.tools.corpus import CATEGORIES
 
 __all__ = ["main", "build_parser"]
@@ -74,7 +81,11 @@ def _explain_optimize(args, naive, model):
         # model itself, and records where it came from in the plan (and the dumps).
         given = None if args.cost_model is None and args.devices_per_host is None else model
         return redist_opt.optimize(
-            naive, groups=args.groups, cost=given, prefer=args.prefer, dump_dir=args.dump_dir,
+            naive,
+            groups=args.groups,
+            cost=given,
+            prefer=args.prefer,
+            dump_dir=args.dump_dir,
             max_collectives=args.max_collectives,
         )
     except ValueError as e:
@@ -167,42 +178,79 @@ def _command(target: str):
 def _add_explain_arguments(ex) -> None:
     ex.add_argument("--mesh", required=True, help="dims as name=size,... e.g. dp=2,cp=2,tp=2")
     ex.add_argument(
-        "--flatten", action="append", metavar="DIMS", help="a flattened group that exists, e.g. dp+cp (repeatable)"
+        "--flatten",
+        action="append",
+        metavar="DIMS",
+        help="a flattened group that exists, e.g. dp+cp (repeatable)",
     )
     ex.add_argument("--src", required=True, help='source placements, e.g. "P,P,S(0)"')
     ex.add_argument("--dst", required=True, help='target placements, e.g. "R,S(0),R"')
     ex.add_argument("--shape", required=True, help="global tensor shape, e.g. 8,4")
     ex.add_argument("--dtype", default="float32", help="torch dtype name (default float32)")
-    ex.add_argument("--groups", default="existing", choices=["existing", "create"],
-                    help="communicators merged collectives may use (default existing)")
+    ex.add_argument(
+        "--groups",
+        default="existing",
+        choices=["existing", "create"],
+        help="communicators merged collectives may use (default existing)",
+    )
     _add_devices_per_host(ex)
-    ex.add_argument("--backend", metavar="NAME",
-                    help="process-group backend the plan is for (gloo, nccl, fake): picks the cost "
-                         "profile when --cost-model is not given")
-    ex.add_argument("--cost-model", default=None, metavar="PROFILE",
-                    help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default: "
-                         "$REDIST_OPT_COST_PROFILE, else the --backend's profile, else nccl)")
-    ex.add_argument("--prefer", default="time", choices=["time", "consistency"],
-                    help="time (default: merge where the cost model says it pays) or consistency "
-                    "(merge every reduction a group allows: bitwise-equal replicas)")
-    ex.add_argument("--max-collectives", default="torch", choices=["torch", "any"],
-                    help="torch (default: never more collectives than torch 2.13's shipped plan) or "
-                    "any (the cost model may trade launches for bytes)")
-    ex.add_argument("--format", default="text", choices=["text", "json", "dot"],
-                    help="text (default), json (schema redist_opt.explain/1) or dot (plan graph)")
-    ex.add_argument("--rank-lists", type=int, default=2, metavar="K",
-                    help="rank lists shown per collective (first K groups; default 2)")
+    ex.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="process-group backend the plan is for (gloo, nccl, fake): picks the cost "
+        "profile when --cost-model is not given",
+    )
+    ex.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="PROFILE",
+        help="nccl, gloo, or a JSON profile written by `redist-opt calibrate` (default: "
+        "$REDIST_OPT_COST_PROFILE, else the --backend's profile, else nccl)",
+    )
+    ex.add_argument(
+        "--prefer",
+        default="time",
+        choices=["time", "consistency"],
+        help="time (default: merge where the cost model says it pays) or consistency "
+        "(merge every reduction a group allows: bitwise-equal replicas)",
+    )
+    ex.add_argument(
+        "--max-collectives",
+        default="torch",
+        choices=["torch", "any"],
+        help="torch (default: never more collectives than torch 2.13's shipped plan) or "
+        "any (the cost model may trade launches for bytes)",
+    )
+    ex.add_argument(
+        "--format",
+        default="text",
+        choices=["text", "json", "dot"],
+        help="text (default), json (schema redist_opt.explain/1) or dot (plan graph)",
+    )
+    ex.add_argument(
+        "--rank-lists",
+        type=int,
+        default=2,
+        metavar="K",
+        help="rank lists shown per collective (first K groups; default 2)",
+    )
     ex.add_argument("--no-ir", action="store_true", help="text format: leave out the IR listings")
-    ex.add_argument("--dump-dir", metavar="DIR",
-                    help="write the IR before the pipeline and after each pass that changed it")
+    ex.add_argument(
+        "--dump-dir",
+        metavar="DIR",
+        help="write the IR before the pipeline and after each pass that changed it",
+    )
     ex.add_argument("--svg", metavar="FILE", help="write the plan graph (naive | optimized) as SVG")
     ex.add_argument("--mesh-svg", metavar="FILE", help="write the mesh diagram (ranks per collective) as SVG")
 
 
 def _add_calibrate_arguments(p) -> None:
-    p.add_argument("--mesh", default=None,
-                   help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2: one gloo process per rank (default: 2,2 spawned "
-                   "locally; under torchrun the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        help="mesh sizes, e.g. 2,2, 2x2 or a=2,b=2: one gloo process per rank (default: 2,2 spawned "
+        "locally; under torchrun the world in its prime factors, 4 -> 2x2, 8 -> 2x2x2)",
+    )
     _add_measuring_arguments(p, DEFAULT_CALIBRATE_SIZES, "message sizes per rank", iters=7)
     p.add_argument("--out", default="profile.json", help="where to write the profile (default profile.json)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds before giving up on the ranks")
@@ -211,25 +259,32 @@ def _add_calibrate_arguments(p) -> None:
 def _add_measuring_arguments(p, sizes: str, what: str, *, iters: int) -> None:
     """``--sizes``, ``--iters`` and ``--warmup`` of the commands that time collectives."""
     p.add_argument(
-        "--sizes", default=sizes,
+        "--sizes",
+        default=sizes,
         help=f"{what}: a list (1KiB,64KiB), a doubling range (1KiB..4MiB) or a range with a step factor "
         f"(1KiB..4MiB*4); default {sizes}",
-    )  # fmt: skip
+    )
     p.add_argument("--iters", type=int, default=iters, help=f"timed samples per point (default {iters})")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per point first (default 2)")
 
 
 def _add_devices_per_host(p, prefix: str = "") -> None:
-    p.add_argument("--devices-per-host", type=int, metavar="N",
-                   help=f"{prefix}ranks per host for the cost model (consecutive ranks share a host)")
+    p.add_argument(
+        "--devices-per-host",
+        type=int,
+        metavar="N",
+        help=f"{prefix}ranks per host for the cost model (consecutive ranks share a host)",
+    )
 
 
 def _add_bench_arguments(p) -> None:
     p.add_argument(
-        "--part", default="all", choices=["all", "planning", "wall", "quality"],
+        "--part",
+        default="all",
+        choices=["all", "planning", "wall", "quality"],
         help="which part to run (default all = planning + wall; quality: the corpus of real layouts "
         "against torch's shipped redistribute, see docs/quality.md)",
-    )  # fmt: skip
+    )
     _add_measuring_arguments(p, DEFAULT_BENCH_SIZES, "global tensor sizes", iters=15)
     p.add_argument("--case", action="append", help="a redistribution SRC->DST on the 2x2 mesh (repeatable)")
     p.add_argument("--plan-runs", type=int, default=100, help="uncached planning runs (cached: 25x)")
@@ -245,18 +300,35 @@ def _add_bench_arguments(p) -> None:
 
 def _add_quality_arguments(p) -> None:
     """``--part quality``'s own options (``--corpus-case``: the bench's ``--case`` takes SRC->DST)."""
-    p.add_argument("--corpus", default=None, metavar="FILE",
-                   help="quality: a corpus JSON (default: the corpus shipped with redist_opt)")
-    p.add_argument("--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)")
-    p.add_argument("--category", action="append", metavar="NAME", choices=CATEGORIES,
-                   help="quality: only this corpus category (repeatable)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        metavar="FILE",
+        help="quality: a corpus JSON (default: the corpus shipped with redist_opt)",
+    )
+    p.add_argument(
+        "--corpus-case", action="append", metavar="ID", help="quality: only this corpus case (repeatable)"
+    )
+    p.add_argument(
+        "--category",
+        action="append",
+        metavar="NAME",
+        choices=CATEGORIES,
+        help="quality: only this corpus category (repeatable)",
+    )
     _add_devices_per_host(p, "quality: ")
-    p.add_argument("--report", metavar="FILE", help="quality: write the markdown report here (default stdout)")
+    p.add_argument(
+        "--report", metavar="FILE", help="quality: write the markdown report here (default stdout)"
+    )
 
 
 def _add_advise_arguments(p) -> None:
-    p.add_argument("recording", nargs="+", help="JSON file(s) written by Recording.save (one per rank: merged)")
-    p.add_argument("--max-new-groups", type=int, default=1, metavar="K", help="at most this many new groups (default 1)")
+    p.add_argument(
+        "recording", nargs="+", help="JSON file(s) written by Recording.save (one per rank: merged)"
+    )
+    p.add_argument(
+        "--max-new-groups", type=int, default=1, metavar="K", help="at most this many new groups (default 1)"
+    )
     p.add_argument(
         "--profile",
         help="cost profile: a JSON file from `redist-opt calibrate` or a built-in name (nccl, gloo); "
@@ -294,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=_command("redist_opt.tools.calibrate:cmd_calibrate"))
 
     be = sub.add_parser(
-        "bench", help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts"
+        "bench",
+        help="planning speed, wall clock vs torch over 4 gloo processes, quality on a corpus of real layouts",
     )
     _add_bench_arguments(be)
     be.set_defaults(func=_command("redist_opt.tools.bench:cmd_bench"))

@@ -57,13 +57,17 @@ class CorpusCase:
         for text, role in ((self.src, "source"), (self.dst, "target")):
             ps = parse_placements(text)
             if len(ps) != spec.ndim:
-                raise RedistributeError(f"{role} placements {text!r} have {len(ps)} entries for a {spec.ndim}-D mesh")
+                raise RedistributeError(
+                    f"{role} placements {text!r} have {len(ps)} entries for a {spec.ndim}-D mesh"
+                )
             # One mesh dim at a time: mixed reduce ops (P(avg) beside P) are valid
             # torch placements even where redist_opt refuses them.
-            out.append(tuple(
-                normalize_placements([p], mesh_shape=(n,), tensor_ndim=len(self.shape), role=role)[0]
-                for p, n in zip(ps, spec.sizes)
-            ))  # fmt: skip
+            out.append(
+                tuple(
+                    normalize_placements([p], mesh_shape=(n,), tensor_ndim=len(self.shape), role=role)[0]
+                    for p, n in zip(ps, spec.sizes)
+                )
+            )
         return tuple(out)
 
 
@@ -82,10 +86,14 @@ def _case_from_dict(raw: dict, where: str) -> CorpusCase:
             raise ValueError(f"{where}: field {f!r} must be a non-empty string")
     if raw["category"] not in CATEGORIES:
         raise ValueError(f"{where}: category {raw['category']!r} is not one of {CATEGORIES}")
-    if not isinstance(raw["flatten"], list) or not all(isinstance(g, str) and "+" in g for g in raw["flatten"]):
+    if not isinstance(raw["flatten"], list) or not all(
+        isinstance(g, str) and "+" in g for g in raw["flatten"]
+    ):
         raise ValueError(f"{where}: flatten must be a list of dims joined by '+', e.g. [\"dp+cp\"]")
     shape = raw["shape"]
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape
+    ):
         raise ValueError(f"{where}: shape must be a list of positive integers")
     case = CorpusCase(**raw | dict(flatten=tuple(raw["flatten"]), shape=tuple(shape)))
     try:  # the mesh, flattened groups, placements (for this mesh and tensor rank) and dtype parse
@@ -108,7 +116,9 @@ def load_corpus(path: str | os.PathLike | None = None) -> list[CorpusCase]:
     raw_cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(raw_cases, list):
         raise ValueError(f"corpus {name!r}: expected an object with a 'cases' list")
-    cases = [_case_from_dict(raw, f"corpus {os.path.basename(name)} case {i}") for i, raw in enumerate(raw_cases)]
+    cases = [
+        _case_from_dict(raw, f"corpus {os.path.basename(name)} case {i}") for i, raw in enumerate(raw_cases)
+    ]
     dup = sorted(i for i, n in Counter(c.id for c in cases).items() if n > 1)
     if dup:
         raise ValueError(f"corpus {name!r}: duplicate case id(s) {dup}")

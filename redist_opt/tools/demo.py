@@ -34,17 +34,27 @@ DEMO_CASES = [
 _FLATS = ["+".join(f) for f in DEMO_FLATTEN]
 # The mesh as the ranks' planner sees it: the gloo profile, the flattened meshes, and
 # the world group, which redist_opt may use and torch's merge pass does not.
-DEMO_SPEC = redist_opt.MeshSpec(sizes=DEMO_MESH[0], names=DEMO_MESH[1], flattened=_FLATS + ["+".join(DEMO_MESH[1])],
-                                torch_flattened=_FLATS, backend="gloo")  # fmt: skip
+DEMO_SPEC = redist_opt.MeshSpec(
+    sizes=DEMO_MESH[0],
+    names=DEMO_MESH[1],
+    flattened=_FLATS + ["+".join(DEMO_MESH[1])],
+    torch_flattened=_FLATS,
+    backend="gloo",
+)
 
 
 def run_demo(timeout: float = 300.0) -> int:
     """Explain every demo case, run it on 8 gloo processes, print the comparison; 0 if all equal."""
     spec, world = DEMO_SPEC, DEMO_SPEC.num_ranks
-    print(f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {', '.join(_FLATS)}\n")
+    print(
+        f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {', '.join(_FLATS)}\n"
+    )
     for src, dst, shape in DEMO_CASES:
         naive = redist_opt.plan(spec, src, dst, shape=shape)
-        print(format_explain(naive, redist_opt.optimize(naive), cost_model=resolve(spec)[0], show_ir=False), end="\n\n")
+        print(
+            format_explain(naive, redist_opt.optimize(naive), cost_model=resolve(spec)[0], show_ir=False),
+            end="\n\n",
+        )
     print(f"executing on {world} ranks (gloo, 127.0.0.1) ...", flush=True)
     try:
         res = wall_bench(DEMO_CASES, mesh=DEMO_MESH, flatten=DEMO_FLATTEN, iters=7, warmup=1, timeout=timeout)
@@ -54,12 +64,16 @@ def run_demo(timeout: float = 300.0) -> int:
     print(f"\n{format_wall(res)}")
     cpus = os.cpu_count() or 1
     if world > cpus:
-        print(f"note: {world} ranks share {cpus} cpus, so these times are mostly scheduling; "
-              "`redist-opt bench --part wall` times 4 ranks")
+        print(
+            f"note: {world} ranks share {cpus} cpus, so these times are mostly scheduling; "
+            "`redist-opt bench --part wall` times 4 ranks"
+        )
     if not all(r["equal"] for r in res["rows"]):
         print("\nMISMATCH against torch's redistribute")
         return 1
-    print(f"\nevery rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks")
+    print(
+        f"\nevery rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks"
+    )
     return 0
 
 

@@ -27,11 +27,27 @@ from redist_opt.ir.torch_merge import torch_merged_plan
 from redist_opt.tools.args import CliError
 from redist_opt.tools.args import cost_model as flag_cost_model
 from redist_opt.tools.corpus import CorpusCase, load_corpus
-from redist_opt.tools.quality_report import COMPARISON_RULE, POLICIES, SIDES, cell, find_worse, format_quality, totals
+from redist_opt.tools.quality_report import (
+    COMPARISON_RULE,
+    POLICIES,
+    SIDES,
+    cell,
+    find_worse,
+    format_quality,
+    totals,
+)
 
 __all__ = [
-    "quality_bench", "case_fields", "quality_result", "op_str", "run_ours", "run_torch_model", "quality_request",
-    "print_progress", "write_report", "cmd_quality",
+    "quality_bench",
+    "case_fields",
+    "quality_result",
+    "op_str",
+    "run_ours",
+    "run_torch_model",
+    "quality_request",
+    "print_progress",
+    "write_report",
+    "cmd_quality",
 ]
 
 RESULT_FORMAT = "redist_opt.tools.quality/3"
@@ -118,8 +134,14 @@ def quality_bench(cases: Sequence[CorpusCase], *, cost_model=None, progress=None
 def case_fields(case: CorpusCase) -> dict:
     """What a row of the result starts with: the case."""
     return dict(
-        id=case.id, category=case.category, mesh=case.mesh, flatten=list(case.flatten),
-        src=case.src, dst=case.dst, shape=list(case.shape), dtype=case.dtype,
+        id=case.id,
+        category=case.category,
+        mesh=case.mesh,
+        flatten=list(case.flatten),
+        src=case.src,
+        dst=case.dst,
+        shape=list(case.shape),
+        dtype=case.dtype,
     )
 
 
@@ -138,7 +160,9 @@ def quality_result(rows: list[dict], model: CostModel, torch_side: str, seconds:
         worse=find_worse(rows),
         unsupported=[
             dict(id=r["id"], side=side, status=r[side]["status"], reason=r[side].get("reason", ""))
-            for r in rows for side in SIDES if r[side]["status"] != "ok"
+            for r in rows
+            for side in SIDES
+            if r[side]["status"] != "ok"
         ],
     )
 

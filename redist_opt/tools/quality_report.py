@@ -10,7 +10,17 @@ from collections import Counter
 
 from redist_opt.debug.units import format_bytes
 
-__all__ = ["COMPARISON_RULE", "POLICIES", "SIDES", "find_worse", "totals", "verdict", "fmt_us", "cell", "format_quality"]
+__all__ = [
+    "COMPARISON_RULE",
+    "POLICIES",
+    "SIDES",
+    "find_worse",
+    "totals",
+    "verdict",
+    "fmt_us",
+    "cell",
+    "format_quality",
+]
 
 # Our groups policies, each compared with torch's plan.
 POLICIES = ("existing", "create")
@@ -45,7 +55,7 @@ def _worse_reasons(ours: dict, torch_row: dict) -> list[str]:
 
 
 def verdict(ours: dict, torch_row: dict) -> str:
-    """"worse" (see _worse_reasons), "equal" (same count, bytes and time) or "better"."""
+    """ "worse" (see _worse_reasons), "equal" (same count, bytes and time) or "better"."""
     if _worse_reasons(ours, torch_row):
         return "worse"
     same = (ours["collectives"], ours["bytes"]) == (torch_row["collectives"], torch_row["bytes"])
@@ -56,11 +66,17 @@ def verdict(ours: dict, torch_row: dict) -> str:
 
 def find_worse(rows: list[dict]) -> list[dict]:
     """Every (case, policy) where torch and ours both ran and ours is worse, with the reasons."""
-    both_ran = [(r, policy) for r in rows for policy in POLICIES if r["torch"]["status"] == r[policy]["status"] == "ok"]
+    both_ran = [
+        (r, policy)
+        for r in rows
+        for policy in POLICIES
+        if r["torch"]["status"] == r[policy]["status"] == "ok"
+    ]
     return [
         dict(id=r["id"], policy=policy, reasons=reasons)
-        for r, policy in both_ran if (reasons := _worse_reasons(r[policy], r["torch"]))
-    ]  # fmt: skip
+        for r, policy in both_ran
+        if (reasons := _worse_reasons(r[policy], r["torch"]))
+    ]
 
 
 def totals(rows: list[dict]) -> dict:
@@ -71,9 +87,7 @@ def totals(rows: list[dict]) -> dict:
     ]
     tot = {"cases": len(rows), "compared": len(comparable)}
     for side in SIDES:
-        tot[side] = {
-            k: sum(r[side][k] for r in comparable) for k in ("collectives", "bytes", "time")
-        }
+        tot[side] = {k: sum(r[side][k] for r in comparable) for k in ("collectives", "bytes", "time")}
     for policy in POLICIES:
         verdicts = Counter(verdict(r[policy], r["torch"]) for r in comparable)
         tot[policy]["better_cases"] = verdicts["better"]
@@ -112,10 +126,13 @@ def _case_table(result: dict, worse_ids: set) -> list[str]:
     for r in result["cases"]:
         mesh = r["mesh"] + (f" ({', '.join(r['flatten'])})" if r["flatten"] else "")
         shape = "x".join(map(str, r["shape"])) or "scalar"
-        cells = [f"**{cell(r[side])} WORSE**" if (r["id"], side) in worse_ids else cell(r[side]) for side in SIDES]
+        cells = [
+            f"**{cell(r[side])} WORSE**" if (r["id"], side) in worse_ids else cell(r[side]) for side in SIDES
+        ]
         lines.append(
             f"| {r['id']} | {r['category']} | {mesh} | {r['src']} -> {r['dst']} | {shape} {r['dtype']} | "
-            + " | ".join(cells) + " |"
+            + " | ".join(cells)
+            + " |"
         )
     return lines
 
@@ -134,7 +151,9 @@ def _totals_section(tot: dict) -> list[str]:
             label, rel, cases = "torch (merge on)", "1, 1, 1", "-"
         else:
             label = f"ours groups={side}"
-            rel = ", ".join(f"{t[k] / base[k]:.3f}" if base[k] else "-" for k in ("collectives", "bytes", "time"))
+            rel = ", ".join(
+                f"{t[k] / base[k]:.3f}" if base[k] else "-" for k in ("collectives", "bytes", "time")
+            )
             cases = f"{t['better_cases']} / {t['equal_cases']}"
         nbytes = format_bytes(t["bytes"], digits=".4g")
         lines.append(f"| {label} | {t['collectives']} | {nbytes} | {fmt_us(t['time'])} | {rel} | {cases} |")
@@ -147,7 +166,9 @@ def _worse_and_unsupported(worse: list[dict], unsupported: list[dict]) -> list[s
         for w in worse:
             lines.append(f"- {w['id']} (groups={w['policy']}): {'; '.join(w['reasons'])}")
     else:
-        lines.append("None: on every case both policies issue at most torch's collectives, bytes and modelled time.")
+        lines.append(
+            "None: on every case both policies issue at most torch's collectives, bytes and modelled time."
+        )
     lines += ["", "## Unsupported / not run", ""]
     if unsupported:
         for u in unsupported:

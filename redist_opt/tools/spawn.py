@@ -35,7 +35,10 @@ class SpawnError(RuntimeError):
 # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk,
 # and on each unmerged run ("N sequential all_reduce ... flatten mesh dims");
 # neither is news in a benchmark.
-_NOISY_TORCH_LOGGERS = ("torch.distributed.tensor._collective_utils", "torch.distributed.tensor._redistribute")
+_NOISY_TORCH_LOGGERS = (
+    "torch.distributed.tensor._collective_utils",
+    "torch.distributed.tensor._redistribute",
+)
 
 
 @contextlib.contextmanager
@@ -57,7 +60,9 @@ def _result_path(out_dir: str, rank: int) -> str:
     return os.path.join(out_dir, f"rank{rank}.pt")
 
 
-def _rank_entry(rank: int, target: Callable, world: int, port: int, out_dir: str, timeout: float, args) -> None:
+def _rank_entry(
+    rank: int, target: Callable, world: int, port: int, out_dir: str, timeout: float, args
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
@@ -82,7 +87,9 @@ def _first_failure(error_files, nprocs: int, error) -> str:
     next collective broke because of it fail a moment later (fallout)."""
     written = [(os.stat(f).st_mtime_ns, rank, f) for rank, f in enumerate(error_files) if os.path.exists(f)]
     if not written:
-        return f"rank {error.error_index} of {nprocs} failed: {error} (killed, or its result could not be saved)"
+        return (
+            f"rank {error.error_index} of {nprocs} failed: {error} (killed, or its result could not be saved)"
+        )
     _, rank, path = min(written)
     with open(path, "rb") as f:
         return f"rank {rank} of {nprocs} failed:\n{pickle.load(f).rstrip()}"
@@ -100,9 +107,12 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     pg_timeout = max(10.0, timeout - 5.0)
     with tempfile.TemporaryDirectory(prefix="redist_opt_ranks_") as out_dir:
         pc = mp.start_processes(
-            _rank_entry, args=(target, nprocs, free_port(), out_dir, pg_timeout, args), nprocs=nprocs,
-            join=False, start_method="spawn",
-        )  # fmt: skip
+            _rank_entry,
+            args=(target, nprocs, free_port(), out_dir, pg_timeout, args),
+            nprocs=nprocs,
+            join=False,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + timeout
         try:
             while not pc.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())), grace_period=2.0):

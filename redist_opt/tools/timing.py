@@ -26,7 +26,13 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 __all__ = [
-    "Stat", "timed_samples", "wait", "loadavg", "note_load", "Clock", "select_device",
+    "Stat",
+    "timed_samples",
+    "wait",
+    "loadavg",
+    "note_load",
+    "Clock",
+    "select_device",
 ]
 
 
@@ -84,7 +90,9 @@ def _time_once(fn: Callable, clock: Clock) -> float:
     return clock.stop(token)
 
 
-def timed_samples(fns: Sequence[Callable], iters: int, warmup: int, clock: Clock | None = None) -> list[list[float]]:
+def timed_samples(
+    fns: Sequence[Callable], iters: int, warmup: int, clock: Clock | None = None
+) -> list[list[float]]:
     """Per-call sample times of each fn, the fns interleaved sample by sample.
 
     Interleaving (A B C, A B C, ...) makes slow drift of the machine hit every
@@ -124,7 +132,7 @@ class Stat:
     samples: tuple[float, ...]
 
     @classmethod
-    def of(cls, per_rank: Sequence[Sequence[float]]) -> "Stat":
+    def of(cls, per_rank: Sequence[Sequence[float]]) -> Stat:
         samples = tuple(max(ts) for ts in zip(*per_rank))
         med = statistics.median(samples)
         mad = statistics.median(abs(s - med) for s in samples)
@@ -148,5 +156,6 @@ def note_load(end: str = "\n") -> None:
         print(
             f"note: load average {load[0]:.1f} on {cpus} cpus: other processes share the "
             "machine, so times include scheduling delays and are noisier",
-            end=end, flush=True,
-        )  # fmt: skip
+            end=end,
+            flush=True,
+        )

@@ -21,8 +21,17 @@ MODEL = CostModel.default()
 def _entries(*rows):
     """(src, dst, shape, count) rows on mesh 0, one call site each."""
     return [
-        {"mesh": 0, "src": src, "dst": dst, "shape": list(shape), "dtype": "float32",
-         "site": {"label": f"site{i}"}, "count": count, "ranks": [0], "torch_only": None}
+        {
+            "mesh": 0,
+            "src": src,
+            "dst": dst,
+            "shape": list(shape),
+            "dtype": "float32",
+            "site": {"label": f"site{i}"},
+            "count": count,
+            "ranks": [0],
+            "torch_only": None,
+        }
         for i, (src, dst, shape, count) in enumerate(rows)
     ]
 
@@ -58,11 +67,15 @@ def test_advised_time_is_the_replanned_time_with_the_group():
     d = a.to_dict()
     with_group = SPEC3.with_flattened([("dp", "cp")])
     assert d["total"]["advised"]["time_s"] == pytest.approx(_replanned_time(with_group, STEP3))
-    assert d["total"]["advised"]["group_creation_s"] == pytest.approx(MODEL.create_group / MODEL.expected_reuse)
+    assert d["total"]["advised"]["group_creation_s"] == pytest.approx(
+        MODEL.create_group / MODEL.expected_reuse
+    )
     # gradients 2 x (AR(dp), AR(cp)) -> 2 x AR(dp+cp); the loss AR(dp), AR(cp), AR(tp) -> AR(dp+cp), AR(tp)
     assert (d["total"]["existing"]["collectives"], d["total"]["advised"]["collectives"]) == (11, 8)
     by_site = {s["site"]: s["rows"] for s in d["sites"]}
-    assert by_site["site0"]["advised"]["collectives"] == 2 and by_site["site0"]["existing"]["collectives"] == 4
+    assert (
+        by_site["site0"]["advised"]["collectives"] == 2 and by_site["site0"]["existing"]["collectives"] == 4
+    )
     assert by_site["site2"]["advised"] == by_site["site2"]["existing"]  # tp alone: nothing to gain
     assert "dp+cp" in str(a) and "total" in str(a)
     assert a.to_svg().count('class="advised"') == len(d["sites"]) + 1
@@ -96,7 +109,9 @@ def test_existing_groups_are_no_candidates():
 
 def test_submesh_and_root_share_a_candidate():
     root = mesh_record_of_spec(SPEC3)
-    sub = redist_opt.MeshSpec(sizes=(2, 2), names=("dp", "cp"), dim_layouts=SPEC3.dim_layouts[:2], index_space=8)
+    sub = redist_opt.MeshSpec(
+        sizes=(2, 2), names=("dp", "cp"), dim_layouts=SPEC3.dim_layouts[:2], index_space=8
+    )
     sub_rec = mesh_record_of_spec(sub, root=root["root"])
     pool = candidates([root, sub_rec])
     assert [c.label for c in pool] == ["dp+cp", "dp+tp", "cp+tp", "dp+cp+tp"]
@@ -142,8 +157,13 @@ def test_greedy_beyond_the_exact_limit(monkeypatch):
 
 
 def test_unplannable_entries_are_listed_not_priced():
-    step = STEP3 + [dict(_entries(("P(prod)", "R", (4,), 1))[0], torch_only="Partial('prod') is not lowered",
-                         site={"label": "prod"})]
+    step = STEP3 + [
+        dict(
+            _entries(("P(prod)", "R", (4,), 1))[0],
+            torch_only="Partial('prod') is not lowered",
+            site={"label": "prod"},
+        )
+    ]
     d = advise([mesh_record_of_spec(SPEC3)], step, max_new_groups=1, cost=MODEL).to_dict()
     prod = next(s for s in d["sites"] if s["site"] == "prod")
     assert prod["rows"]["torch"]["collectives"] == 0 and "runs through torch" in prod["redistributions"][0]

@@ -6,6 +6,9 @@ import warnings
 
 import pytest
 import torch
+from support.dtensor_values import assert_same_locals as _assert_same
+from support.dtensor_values import locals_of as _locals
+from support.dtensor_values import partial_input as _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -16,9 +19,6 @@ from redist_opt.api import planning, specs
 from redist_opt.ir import cost
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
-from support.dtensor_values import assert_same_locals as _assert_same
-from support.dtensor_values import locals_of as _locals
-from support.dtensor_values import partial_input as _partial_input
 
 
 def test_backward_matches_torch():
@@ -47,8 +47,9 @@ def test_forward_dtype_and_backward_dtype():
         mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
         g = torch.arange(32, dtype=torch.float32).reshape(8, 4)
         x = distribute_tensor(g, mesh, [Shard(0), Shard(1)], src_data_rank=None).requires_grad_()
-        y = redist_opt.redistribute(x, [Replicate(), Replicate()], forward_dtype=torch.bfloat16,
-                                    backward_dtype=torch.float64)
+        y = redist_opt.redistribute(
+            x, [Replicate(), Replicate()], forward_dtype=torch.bfloat16, backward_dtype=torch.float64
+        )
         assert y.dtype == torch.bfloat16 and y.to_local().dtype == torch.bfloat16
         y.to_local().float().sum().backward()
         assert x.grad.dtype == torch.float32
@@ -148,7 +149,9 @@ def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
 
 def test_bad_groups_policy():
     with pytest.raises(redist_opt.RedistributeError, match="groups='sometimes'"):
-        redist_opt.optimize(redist_opt.plan(redist_opt.MeshSpec((2,)), "P", "R", shape=(2,)), groups="sometimes")
+        redist_opt.optimize(
+            redist_opt.plan(redist_opt.MeshSpec((2,)), "P", "R", shape=(2,)), groups="sometimes"
+        )
 
 
 def test_replicas_bitwise_equal_across_hosts_with_consistency():
@@ -156,8 +159,16 @@ def test_replicas_bitwise_equal_across_hosts_with_consistency():
     # ring profile whose inter-host latency makes the merged all_reduce slower,
     # prefer="time" with max_collectives="any" keeps two reductions; prefer="consistency" merges anyway so
     # every replica comes from one reduction.
-    ring = CostModel(name="ring", launch=0.0, alpha_intra=1e-6, alpha_inter=1e-3,
-                     bw_intra=1e12, bw_inter=1e12, devices_per_host=2, algorithm="ring")
+    ring = CostModel(
+        name="ring",
+        launch=0.0,
+        alpha_intra=1e-6,
+        alpha_inter=1e-3,
+        bw_intra=1e12,
+        bw_inter=1e12,
+        devices_per_host=2,
+        algorithm="ring",
+    )
     with LocalTensorMode(4) as lm:
         mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
         mesh["a", "b"]._flatten()

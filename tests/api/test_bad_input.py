@@ -91,7 +91,8 @@ def msg(ei) -> str:
 
 
 @pytest.mark.parametrize(
-    "dst", [["S(0)"], ["S(0)", "R", "R"], [Shard(0), Replicate(), Replicate()]],
+    "dst",
+    [["S(0)"], ["S(0)", "R", "R"], [Shard(0), Replicate(), Replicate()]],
     ids=["too_few", "too_many", "too_many_objects"],
 )
 def test_wrong_number_of_target_placements(dst):
@@ -213,7 +214,8 @@ def test_redistribute_mixed_partial_source_dtensor():
         mesh = get_mesh(f, lm)
         lt = lm.rank_map(lambda r: torch.full((2, 3), float(r)))
         spec = DTensorSpec(
-            mesh, (Partial("sum"), Partial("max")),
+            mesh,
+            (Partial("sum"), Partial("max")),
             tensor_meta=TensorMeta(torch.Size((2, 3)), (3, 1), torch.float32),
         )
         dt = DTensor(lt, spec, requires_grad=False)
@@ -333,8 +335,13 @@ def test_bad_groups_policy():
         ((Replicate(), Replicate()), (5, 3), (2, 3), ("(5, 3)", "5x3", "[5, 3]", "(2, 3)", "[2, 3]")),
         ((Shard(0), Replicate()), (4, 3), (3, 3), ("(2, 3)", "[2, 3]", "(3, 3)", "[3, 3]")),
     ],
-    ids=["too_few_placements", "too_many_placements", "shard_dim_2",
-         "local_shape_vs_replicate", "local_shape_vs_shard"],
+    ids=[
+        "too_few_placements",
+        "too_many_placements",
+        "shard_dim_2",
+        "local_shape_vs_replicate",
+        "local_shape_vs_shard",
+    ],
 )
 def test_dtensor_spec_mismatch(placements, global_shape, local_shape, needles):
     f = MESHES["2x2"]
@@ -343,7 +350,8 @@ def test_dtensor_spec_mismatch(placements, global_shape, local_shape, needles):
         lt = lm.rank_map(lambda r: torch.full(local_shape, float(r)))
         stride = tuple(torch.empty(global_shape).stride())
         spec = DTensorSpec(
-            mesh, placements,
+            mesh,
+            placements,
             tensor_meta=TensorMeta(torch.Size(global_shape), stride, torch.float32),
         )
         dt = DTensor(lt, spec, requires_grad=False)

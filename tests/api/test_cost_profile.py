@@ -12,21 +12,22 @@ import textwrap
 import pytest
 import torch.distributed as dist
 from support.ir_text import mesh, signature
+from support.paths import ROOT
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
 import redist_opt.api.specs
-from redist_opt.tools import cli
-from redist_opt.ir import cost
 from redist_opt.debug import dump
+from redist_opt.ir import cost
 from redist_opt.ir.cost import PROFILE_ENV, CostModel
-
-from support.paths import ROOT
+from redist_opt.tools import cli
 
 # A profile under which merging three pair all_reduces into one ring over 8 ranks
 # does not pay (latency-bound ring), so it visibly changes the plan.
-SLOW_RING = CostModel(name="calibrated-slow-ring", launch=0.0, alpha_intra=1e-3, bw_intra=1e12, algorithm="ring")
+SLOW_RING = CostModel(
+    name="calibrated-slow-ring", launch=0.0, alpha_intra=1e-3, bw_intra=1e12, algorithm="ring"
+)
 
 
 def _p3():
@@ -44,7 +45,9 @@ def test_rank_free_spec_gets_default(no_env):
     assert signature(opt) == ["all_reduce[sum](a+b+c)"]
 
 
-@pytest.mark.parametrize("backend, profile", [("gloo", "gloo"), ("nccl", "nccl"), ("fake", "nccl"), ("mpi", "nccl")])
+@pytest.mark.parametrize(
+    "backend, profile", [("gloo", "gloo"), ("nccl", "nccl"), ("fake", "nccl"), ("mpi", "nccl")]
+)
 def test_backend_picks_profile(no_env, backend, profile):
     spec = redist_opt.MeshSpec((2, 2), ("a", "b"), backend=backend)
     model, source = cost.resolve(spec)
@@ -87,7 +90,11 @@ GLOO_SCRIPT = textwrap.dedent(
 def test_gloo_mesh_gets_gloo_profile():
     env = {k: v for k, v in os.environ.items() if k != PROFILE_ENV}
     out = subprocess.run(
-        [sys.executable, "-c", GLOO_SCRIPT.format(root=ROOT)], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", GLOO_SCRIPT.format(root=ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "gloo | gloo (mesh backend gloo)"
@@ -121,7 +128,10 @@ def test_env_profile_file_is_honoured(tmp_path, monkeypatch):
     [
         (None, "cannot read the cost profile"),
         ("{", "is not valid JSON"),
-        (json.dumps({"format": "redist_opt.ir.cost/1", "model": {"launch": "fast"}}), "launch='fast' must be a number"),
+        (
+            json.dumps({"format": "redist_opt.ir.cost/1", "model": {"launch": "fast"}}),
+            "launch='fast' must be a number",
+        ),
         (json.dumps({"format": "redist_opt.ir.cost/1", "model": {"warp": 1}}), "unknown field"),
         (json.dumps({"format": "other/9", "model": {}}), "format 'other/9'"),
     ],
@@ -141,9 +151,15 @@ def test_explain_shows_the_profile(tmp_path, monkeypatch, capsys):
     argv = ["explain", "--mesh", "a=2,b=2", "--src", "P,P", "--dst", "R,S(0)", "--shape", "8,4", "--no-ir"]
     monkeypatch.delenv(PROFILE_ENV, raising=False)
     assert cli.main(argv + ["--backend", "gloo"]) == 0
-    assert "cost model: gloo (ring algorithms, all ranks on one host; mesh backend gloo)" in capsys.readouterr().out
+    assert (
+        "cost model: gloo (ring algorithms, all ranks on one host; mesh backend gloo)"
+        in capsys.readouterr().out
+    )
     assert cli.main(argv) == 0
-    assert "cost model: nccl (tree algorithms, all ranks on one host; default: no backend known)" in capsys.readouterr().out
+    assert (
+        "cost model: nccl (tree algorithms, all ranks on one host; default: no backend known)"
+        in capsys.readouterr().out
+    )
     path = tmp_path / "cal.json"
     SLOW_RING.save(path)
     monkeypatch.setenv(PROFILE_ENV, str(path))

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
+from test_api import _assert_same, _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -18,7 +19,6 @@ import redist_opt
 from redist_opt.api import eager
 from redist_opt.runtime import torch_dtensor as tdt
 from redist_opt.runtime.specialize import RankProgram
-from test_api import _assert_same, _partial_input
 
 R, S0 = Replicate(), Shard(0)
 P = Partial()
@@ -39,13 +39,19 @@ def _input(lm, mesh, src, shape):
 
 def _runner(dt, dst):
     target = tdt.respec(tdt.spec_of_dtensor(dt), placements=dst)
-    return eager.cached_runner(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target, redist_opt.PlanOptions())
+    return eager.cached_runner(
+        tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target, redist_opt.PlanOptions()
+    )
 
 
 # (src, dst, shape) on a 2x2x2 mesh with a+c flattened: ours issues fewer collectives
 # than torch (1 of 3: one all_reduce over the world, then this rank's chunk), or
 # runs what torch's merge pass gets wrong (an uneven gather over a+c: padded blocks)
-DIFFERENT = [((P, P, P), (R, R, R), (4, 6)), ((P, P, P), (R, S0, R), (5, 3)), ((S0, R, S0), (R, R, R), (5, 3))]
+DIFFERENT = [
+    ((P, P, P), (R, R, R), (4, 6)),
+    ((P, P, P), (R, S0, R), (5, 3)),
+    ((S0, R, S0), (R, R, R), (5, 3)),
+]
 EQUAL = [((R, S0, R), (R, R, R), (5, 3)), ((S0, R, R), (R, R, R), (8, 3))]
 
 
@@ -60,7 +66,6 @@ class _SympyCalls:
             name = frame.f_code.co_filename
             if "/sympy/" in name or name.startswith("<lambdifygenerated"):
                 self.calls += 1
-
 
     def __enter__(self):
         sys.setprofile(self._profile)
@@ -104,7 +109,9 @@ def test_where_our_plan_differs_a_cached_call_runs_the_rank_program(src, dst, sh
 
 
 @pytest.mark.parametrize("src,dst,shape", EQUAL)
-def test_where_our_plan_is_torchs_a_cached_call_runs_our_program_not_torchs_function(src, dst, shape, monkeypatch):
+def test_where_our_plan_is_torchs_a_cached_call_runs_our_program_not_torchs_function(
+    src, dst, shape, monkeypatch
+):
     with LocalTensorMode(8) as lm:
         mesh = _mesh()
         dt = _input(lm, mesh, src, shape)
@@ -115,7 +122,9 @@ def test_where_our_plan_is_torchs_a_cached_call_runs_our_program_not_torchs_func
             run = _runner(dt, list(dst))
             calls = []
             real = tdt.TORCH_REDISTRIBUTE_LOCAL
-            monkeypatch.setattr(tdt, "TORCH_REDISTRIBUTE_LOCAL", lambda *a, **k: calls.append(1) or real(*a, **k))
+            monkeypatch.setattr(
+                tdt, "TORCH_REDISTRIBUTE_LOCAL", lambda *a, **k: calls.append(1) or real(*a, **k)
+            )
             with CommDebugMode() as ours:
                 again = dt.redistribute(mesh, list(dst))
         assert isinstance(run.program, RankProgram)

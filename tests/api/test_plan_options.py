@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_api import _assert_same, _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate
@@ -14,7 +15,6 @@ import redist_opt
 from redist_opt import PlanOptions, RedistributeError
 from redist_opt.api import routing
 from redist_opt.ir.cost import CostModel
-from test_api import _assert_same, _partial_input
 
 PLAN = dict(mesh=redist_opt.MeshSpec(sizes=(2, 2), names=("a", "b")), src="P,P", dst="R,R", shape=(4, 4))
 
@@ -55,9 +55,14 @@ def test_optimize_refuses_another_cost_at_entry(cost):
 
 @pytest.mark.parametrize(
     "bad,named",
-    [(dict(cost="ncl"), "cost="), (dict(prefer="fast"), "prefer="), (dict(groups="some"), "groups="),
-     (dict(max_collectives="few"), "max_collectives="), (dict(passes="merge"), "passes="),
-     (dict(colour="blue"), "colour")],
+    [
+        (dict(cost="ncl"), "cost="),
+        (dict(prefer="fast"), "prefer="),
+        (dict(groups="some"), "groups="),
+        (dict(max_collectives="few"), "max_collectives="),
+        (dict(passes="merge"), "passes="),
+        (dict(colour="blue"), "colour"),
+    ],
 )
 def test_enabled_refuses_bad_options_at_entry_before_any_call(bad, named):
     with pytest.raises(RedistributeError, match=named):
@@ -91,8 +96,12 @@ def test_every_entry_point_takes_options_or_its_fields():
 
 @pytest.mark.parametrize(
     "entry",
-    [lambda **o: redist_opt.redistribute(None, "R", **o), lambda **o: redist_opt.redistribute_cost(None, None, **o),
-     lambda **o: redist_opt.backend("aot_eager", **o), lambda **o: redist_opt.optimize(_plan(), **o)],
+    [
+        lambda **o: redist_opt.redistribute(None, "R", **o),
+        lambda **o: redist_opt.redistribute_cost(None, None, **o),
+        lambda **o: redist_opt.backend("aot_eager", **o),
+        lambda **o: redist_opt.optimize(_plan(), **o),
+    ],
     ids=["redistribute", "redistribute_cost", "backend", "optimize"],
 )
 def test_each_entry_point_checks_the_options_first(entry):

@@ -24,10 +24,10 @@ import textwrap
 
 import pytest
 from support.harness import Case, check_case, oracle_only
-
-import redist_opt
 from support.paths import ROOT
 from support.sampling import sampled
+
+import redist_opt
 
 BIG = dict(sizes=(8, 16, 32, 32), names=("a", "b", "c", "d"))
 MAIN_SRC, MAIN_DST = ["P", "P", "S(0)", "R"], ["R", "S(0)", "R", "R"]
@@ -36,19 +36,32 @@ BIG_SHAPES = [(4096, 1024), (4097, 1023), (5, 3), (0, 7), (131073, 3)]
 # placement pairs cross-checked against torch on 2x2x2x2
 _rng = random.Random(4)
 _lists = [tuple(x) for x in itertools.product(["R", "S(0)", "S(1)", "P"], repeat=4)]
-PAIRS = [(tuple(MAIN_SRC), tuple(MAIN_DST))] + [
-    (s, d) for s, d in (( _rng.choice(_lists), _rng.choice(_lists)) for _ in range(40))
-    if not any(b == "P" and a != "P" for a, b in zip(s, d))  # torch rejects X -> P
-][:24] + [
-    (("P(avg)", "P(avg)", "S(0)", "R"), ("S(1)", "P(avg)", "R", "R")),
-    (("P(max)", "R", "P(max)", "S(1)"), ("S(1)", "R", "R", "S(0)")),
-]
+PAIRS = (
+    [(tuple(MAIN_SRC), tuple(MAIN_DST))]
+    + [
+        (s, d)
+        for s, d in ((_rng.choice(_lists), _rng.choice(_lists)) for _ in range(40))
+        if not any(b == "P" and a != "P" for a, b in zip(s, d))  # torch rejects X -> P
+    ][:24]
+    + [
+        (("P(avg)", "P(avg)", "S(0)", "R"), ("S(1)", "P(avg)", "R", "R")),
+        (("P(max)", "R", "P(max)", "S(1)"), ("S(1)", "R", "R", "S(0)")),
+    ]
+)
 
 
 def _run_isolated(code: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    }
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
@@ -63,7 +76,7 @@ def test_plan_without_process_group():
         import torch.distributed as dist
         import redist_opt
         assert not dist.is_initialized()
-        spec = redist_opt.MeshSpec(sizes={BIG['sizes']!r}, names={BIG['names']!r})
+        spec = redist_opt.MeshSpec(sizes={BIG["sizes"]!r}, names={BIG["names"]!r})
         out = {{}}
         for shape in {BIG_SHAPES!r}:
             t = time.perf_counter()
@@ -87,8 +100,7 @@ def test_plan_without_process_group():
         r = out[str(shape)]
         assert r["fallback"] is False, f"{shape}: plan is a fallback"
         assert r["n"] == expected, (
-            f"shape {shape}: rank-free plan has {r['n']} collectives, torch issues "
-            f"{expected} on 2x2x2x2"
+            f"shape {shape}: rank-free plan has {r['n']} collectives, torch issues {expected} on 2x2x2x2"
         )
         assert r["seconds"] < 30, f"shape {shape}: planning took {r['seconds']:.1f}s"
     assert out["from_names_spec_bf16"] == expected
@@ -115,8 +127,11 @@ SAMPLE_EVERY = 4
 
 def _pair_shape_params(shapes):
     return [
-        sampled((list(s), list(d), shape), f"{'x'.join(map(str, shape))}-{','.join(s)}_to_{','.join(d)}",
-                SAMPLE_EVERY)
+        sampled(
+            (list(s), list(d), shape),
+            f"{'x'.join(map(str, shape))}-{','.join(s)}_to_{','.join(d)}",
+            SAMPLE_EVERY,
+        )
         for shape in shapes
         for s, d in PAIRS
     ]

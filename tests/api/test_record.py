@@ -123,7 +123,10 @@ def test_a_failing_record_never_breaks_the_step(monkeypatch):
     with LocalTensorMode(4):
         mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "c"))
         w1, w2, x = _params(mesh)
-        with pytest.warns(UserWarning, match="not recorded .RuntimeError: no site"), redist_opt.record() as rec:
+        with (
+            pytest.warns(UserWarning, match="not recorded .RuntimeError: no site"),
+            redist_opt.record() as rec,
+        ):
             loss, _ = _train_step(mesh, w1, w2, x)
     assert rec.redistributions == [] and loss is not None
 
@@ -168,7 +171,9 @@ def test_cli_advise_text_json_svg(tmp_path, capsys):
     text = capsys.readouterr().out
     assert 'mesh["u", "w"]._flatten()' in text and "total" in text
     assert svg.read_text().startswith("<?xml") and "</svg>" in svg.read_text()
-    assert cli_main(["advise", str(path), "--format", "json", "--profile", "gloo", "--max-new-groups", "0"]) == 0
+    assert (
+        cli_main(["advise", str(path), "--format", "json", "--profile", "gloo", "--max-new-groups", "0"]) == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["groups"] == [] and data["cost_models"] == ["gloo (--profile gloo)"]
     assert data["total"]["advised"] == dict(data["total"]["existing"], group_creation_s=0.0)
@@ -205,6 +210,9 @@ def test_torch_column_is_torchs_shipped_plan(build, flatten):
     assert all("layout" in f for f in mine["flattened"]) and len(mine["flattened"]) == len(flatten)
     total = rec.advise(max_new_groups=0).to_dict()["total"]
     assert total["torch"]["collectives"] == shipped.get_total_counts()
-    merge_off = sum(e["count"] * redist_opt.plan(mesh, e["src"], e["dst"], shape=e["shape"], dtype=torch.float64)
-                    .num_collectives for e in rec.redistributions)
+    merge_off = sum(
+        e["count"]
+        * redist_opt.plan(mesh, e["src"], e["dst"], shape=e["shape"], dtype=torch.float64).num_collectives
+        for e in rec.redistributions
+    )
     assert total["torch"]["collectives"] < merge_off  # the groups do merge some of torch's runs

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
@@ -57,7 +57,9 @@ def test_partial_to_replicate_is_cheaper_with_the_dp_tp_group(mesh24, mesh24_fla
     )
 
 
-@pytest.mark.parametrize("src,dst", [((P, P), (R, R)), ((S0, S1), (R, R)), ((P, R), (S0, S0)), ((S0, R), (S1, R))])
+@pytest.mark.parametrize(
+    "src,dst", [((P, P), (R, R)), ((S0, S1), (R, R)), ((P, R), (S0, S0)), ((S0, R), (S1, R))]
+)
 def test_microseconds_of_the_optimized_plan(mesh24_flat, src, dst):
     current, target = _specs(mesh24_flat, src, dst, shape=(256, 128))
     opt = redist_opt.optimize(redist_opt.plan(mesh24_flat, src, dst, shape=(256, 128)))
@@ -66,7 +68,9 @@ def test_microseconds_of_the_optimized_plan(mesh24_flat, src, dst):
     # an explicit profile is used as given
     gloo = CostModel.profile("gloo")
     opt = redist_opt.optimize(redist_opt.plan(mesh24_flat, src, dst, shape=(256, 128)), cost=gloo)
-    assert redist_opt.redistribute_cost(current, target, cost=gloo) == pytest.approx(gloo.plan_time(opt) * 1e6)
+    assert redist_opt.redistribute_cost(current, target, cost=gloo) == pytest.approx(
+        gloo.plan_time(opt) * 1e6
+    )
 
 
 def test_torch_conventions(mesh24, mesh24_flat):

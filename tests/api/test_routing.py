@@ -14,6 +14,8 @@ import warnings
 
 import pytest
 import torch
+from support.dtensor_values import assert_same_locals as _assert_same
+from support.dtensor_values import partial_input as _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -24,8 +26,6 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api import routing
 from redist_opt.runtime import torch_dtensor as tdt
-from support.dtensor_values import assert_same_locals as _assert_same
-from support.dtensor_values import partial_input as _partial_input
 
 
 def _patched_names():

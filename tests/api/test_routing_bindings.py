@@ -12,6 +12,7 @@ import types
 
 import pytest
 import torch
+from test_api import _assert_same, _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate
@@ -20,7 +21,6 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api import routing
 from redist_opt.runtime import torch_dtensor as tdt
-from test_api import _assert_same, _partial_input
 
 TORCH_FN = tdt.TORCH_REDISTRIBUTE_LOCAL
 ROUTED = routing.routed_redistribute_local_tensor
@@ -82,7 +82,9 @@ def test_module_bound_before_entry_is_routed_and_restored(user_module):
 
 
 def test_nested_blocks_restore_exactly(user_module):
-    torch_names = {n: importlib.import_module(n).redistribute_local_tensor for n in tdt.REDISTRIBUTE_LOCAL_PATCH_POINTS}
+    torch_names = {
+        n: importlib.import_module(n).redistribute_local_tensor for n in tdt.REDISTRIBUTE_LOCAL_PATCH_POINTS
+    }
     with redist_opt.enabled():
         with redist_opt.enabled(groups="create"):
             assert user_module.rlt is ROUTED
@@ -186,7 +188,9 @@ def test_outside_blocks_every_binding_is_torchs_function_after_threaded_nested_b
         mesh, dt = _flattened_mesh(lm)
         target = tdt.respec(tdt.spec_of_dtensor(dt), placements=[Replicate()] * 3)
         with CommDebugMode() as counts:
-            out = _redistribute.redistribute_local_tensor(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target)
+            out = _redistribute.redistribute_local_tensor(
+                tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target
+            )
         assert counts.get_total_counts() == 3
         expected = TORCH_FN(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)

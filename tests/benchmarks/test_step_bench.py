@@ -27,8 +27,15 @@ def test_parse_config():
 
 def _row(mode, baseline, coll, gnorm, save, rel=0.0, backs=None, save_backs=None):
     phase = lambda n, b: {"collectives": n, "hand_back_reasons": b or {}, "handed_back": len(b or {})}  # noqa: E731
-    return {"mode": mode, "baseline": baseline, "collectives": coll, "loss_rel": rel,
-            "hand_back_reasons": backs or {}, "gnorm": phase(gnorm, None), "save": phase(save, save_backs)}
+    return {
+        "mode": mode,
+        "baseline": baseline,
+        "collectives": coll,
+        "loss_rel": rel,
+        "hand_back_reasons": backs or {},
+        "gnorm": phase(gnorm, None),
+        "save": phase(save, save_backs),
+    }
 
 
 def test_violations_name_what_misses_the_bar():
@@ -58,7 +65,9 @@ def test_missing_torchtitan_says_what_to_install(monkeypatch, capsys):
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 def test_fsdp2_tp_step_plain_vs_enabled():
     cfg = step_bench.parse_config("fsdp2_tp:2x2x2")
-    [res] = step_bench.run_step_bench([cfg], ("plain", "existing"), steps=2, warmup=1, save=True, log=lambda s: None)
+    [res] = step_bench.run_step_bench(
+        [cfg], ("plain", "existing"), steps=2, warmup=1, save=True, log=lambda s: None
+    )
     plain, ours = res["rows"]
     assert plain["collectives"] > 0 and plain["bytes"] > 0
     # FSDP2's own c10d calls are counted: all_gathers and reduce_scatters over the 2 fsdp ranks
@@ -68,7 +77,9 @@ def test_fsdp2_tp_step_plain_vs_enabled():
     assert ours["routed"] > 0
     assert plain["routed"] == 0 and plain["handed_back"] == 0
     # clip_grad_norm_'s total_norm.full_tensor() and the checkpoint gather are counted on their own
-    assert plain["gnorm"]["collectives"] >= 1 and ours["gnorm"]["collectives"] <= plain["gnorm"]["collectives"]
+    assert (
+        plain["gnorm"]["collectives"] >= 1 and ours["gnorm"]["collectives"] <= plain["gnorm"]["collectives"]
+    )
     assert ours["gnorm"]["handed_back"] == 0
     assert plain["save"]["collectives"] > 0 and ours["save"]["transitions"] == plain["save"]["transitions"]
     assert ours["violations"] == []

@@ -3,9 +3,9 @@
 import pytest
 
 from benchmarks.step_bench import stats
+from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import variant_names
 from benchmarks.step_bench.wall_report import format_markdown, summarize
-from benchmarks.step_bench.model import StepConfig
 
 
 def test_rounds_alternate_the_order_so_neither_side_always_follows():

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import expecttest
 import pytest
+from support.explain_cases import case_plans, load_cases
 
 import redist_opt
 from redist_opt.debug import dump, explain
 from redist_opt.debug.units import format_bytes, format_time
-
-from support.explain_cases import case_plans, load_cases
 
 
 def render(case_id: str) -> str:
@@ -32,13 +31,15 @@ def render(case_id: str) -> str:
 
 class TestGoldens(expecttest.TestCase):
     def test_every_case_has_a_golden(self):
-        methods = {m[len("test_golden_"):] for m in dir(self) if m.startswith("test_golden_")}
+        methods = {m[len("test_golden_") :] for m in dir(self) if m.startswith("test_golden_")}
         cases = set(load_cases())
         self.assertEqual(sorted(cases - methods), [], "fixture cases without a golden test")
         self.assertEqual(sorted(methods - cases), [], "golden tests without a fixture case")
 
     def test_golden_design1_nonconsecutive_reductions(self):
-        self.assertExpectedInline(render("design1_nonconsecutive_reductions"), """\
+        self.assertExpectedInline(
+            render("design1_nonconsecutive_reductions"),
+            """\
 redistribute [P, P, P] -> [R, S(0), R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 flattened groups that exist: a+c; groups=existing
 
@@ -74,10 +75,13 @@ IR (optimized):
   %reduce_scatter = reduce_scatter(%x, {b 2:2}, 'sum', 0) : (4, 4)
   %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1
   return %all_reduce
-""")
+""",
+        )
 
     def test_golden_design2_partial_merge(self):
-        self.assertExpectedInline(render("design2_partial_merge"), """\
+        self.assertExpectedInline(
+            render("design2_partial_merge"),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 flattened groups that exist: a+b; groups=existing
 
@@ -112,10 +116,13 @@ IR (optimized):
   %all_reduce = all_reduce(%x, {a+b 4:2}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1
   %all_reduce_1 = all_reduce(%all_reduce, {c 2:1}, 'sum') : (8, 4)
   return %all_reduce_1
-""")
+""",
+        )
 
     def test_golden_design3_uneven_all_gather(self):
-        self.assertExpectedInline(render("design3_uneven_all_gather"), """\
+        self.assertExpectedInline(
+            render("design3_uneven_all_gather"),
+            """\
 redistribute [S(0), S(0)] -> [R, R] on mesh (a=2,b=2), shape (5, 3), float32
 flattened groups that exist: a+b; groups=existing
 
@@ -151,10 +158,13 @@ IR (optimized):
   %all_gather = all_gather(%pad_to, {a+b 4:1}, 0) : (8, 3)  # <- %all_gather, %all_gather_1
   %unpad_nested = unpad_nested(%all_gather, 0, 5, (2, 2)) : (5, 3)  # <- %all_gather, %all_gather_1
   return %unpad_nested
-""")
+""",
+        )
 
     def test_golden_design4_uneven_reduce_scatter(self):
-        self.assertExpectedInline(render("design4_uneven_reduce_scatter"), """\
+        self.assertExpectedInline(
+            render("design4_uneven_reduce_scatter"),
+            """\
 redistribute [P, P] -> [S(0), S(0)] on mesh (a=2,b=2), shape (5, 3), float32
 flattened groups that exist: a+b; groups=existing
 
@@ -190,10 +200,13 @@ IR (optimized):
   %reduce_scatter = reduce_scatter(%pad_nested, {a+b 4:1}, 'sum', 0) : (2, 3)  # <- %reduce_scatter, %reduce_scatter_1
   %narrow = narrow(%reduce_scatter, 0, 0, chunk(chunk(5,2,c_a),2,c_b)) : (chunk(chunk(5,2,c_a),2,c_b), 3)  # <- %reduce_scatter, %reduce_scatter_1
   return %narrow
-""")
+""",
+        )
 
     def test_golden_design4_all_to_all(self):
-        self.assertExpectedInline(render("design4_all_to_all"), """\
+        self.assertExpectedInline(
+            render("design4_all_to_all"),
+            """\
 redistribute [S(0), S(0)] -> [S(1), S(1)] on mesh (a=2,b=2), shape (8, 8), float32
 flattened groups that exist: a+b; groups=existing
 
@@ -224,10 +237,13 @@ IR (optimized):
   %x : (2, 8)
   %all_to_all = all_to_all(%x, {a+b 4:1}, 1, 0) : (8, 2)  # <- %all_gather, %all_to_all
   return %all_to_all
-""")
+""",
+        )
 
     def test_golden_design5_create_group(self):
-        self.assertExpectedInline(render("design5_create_group"), """\
+        self.assertExpectedInline(
+            render("design5_create_group"),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 flattened groups that exist: none; groups=create
 
@@ -260,10 +276,13 @@ IR (optimized):
   %x : (8, 4)
   %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1, %all_reduce_2
   return %all_reduce
-""")
+""",
+        )
 
     def test_golden_design5_reorder(self):
-        self.assertExpectedInline(render("design5_reorder"), """\
+        self.assertExpectedInline(
+            render("design5_reorder"),
+            """\
 redistribute [S(0), P, P] -> [R, R, S(0)] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 flattened groups that exist: a+c; groups=existing
 
@@ -301,10 +320,13 @@ IR (optimized):
   %all_gather = all_gather(%all_reduce_1, {a 2:4}, 0) : (8, 4)
   %select_chunk = select_chunk(%all_gather, 0, 2, c_c) : (4, 4)
   return %select_chunk
-""")
+""",
+        )
 
     def test_golden_no_group_available(self):
-        self.assertExpectedInline(render("no_group_available"), """\
+        self.assertExpectedInline(
+            render("no_group_available"),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 flattened groups that exist: none; groups=existing
 
@@ -340,10 +362,13 @@ IR (optimized):
   %all_reduce_1 = all_reduce(%all_reduce, {b 2:2}, 'sum') : (8, 4)
   %all_reduce_2 = all_reduce(%all_reduce_1, {c 2:1}, 'sum') : (8, 4)
   return %all_reduce_2
-""")
+""",
+        )
 
     def test_golden_reduce_op_max(self):
-        self.assertExpectedInline(render("reduce_op_max"), """\
+        self.assertExpectedInline(
+            render("reduce_op_max"),
+            """\
 redistribute [P(max), P(max)] -> [R, R] on mesh (a=2,b=2), shape (4, 4), float32
 flattened groups that exist: a+b; groups=existing
 
@@ -373,10 +398,13 @@ IR (optimized):
   %x : (4, 4)
   %all_reduce = all_reduce(%x, {a+b 4:1}, 'max') : (4, 4)  # <- %all_reduce, %all_reduce_1
   return %all_reduce
-""")
+""",
+        )
 
     def test_golden_avg_bf16(self):
-        self.assertExpectedInline(render("avg_bf16"), """\
+        self.assertExpectedInline(
+            render("avg_bf16"),
+            """\
 redistribute [P(avg), P(avg)] -> [R, S(1)] on mesh (dp=2,tp=4), shape (6, 8), bfloat16
 flattened groups that exist: dp+tp; groups=existing
 
@@ -408,10 +436,13 @@ IR (optimized):
   %all_reduce = all_reduce(%x, {dp+tp 8:1}, 'avg') : (6, 8)  # <- %reduce_scatter, %all_reduce
   %select_chunk = select_chunk(%all_reduce, 1, 4, c_tp) : (6, 2)  # <- %reduce_scatter, %all_reduce
   return %select_chunk
-""")
+""",
+        )
 
     def test_golden_uneven_3d_demo(self):
-        self.assertExpectedInline(render("uneven_3d_demo"), """\
+        self.assertExpectedInline(
+            render("uneven_3d_demo"),
+            """\
 redistribute [S(0), S(0), S(1)] -> [R, R, R] on mesh (dp=2,cp=2,tp=2), shape (5, 3), float32
 flattened groups that exist: dp+cp; groups=existing
 
@@ -456,10 +487,13 @@ IR (optimized):
   %all_gather_1 = all_gather(%pad_to_1, {dp+cp 4:2}, 0) : (8, 3)  # <- %all_gather_1, %all_gather_2
   %unpad_nested = unpad_nested(%all_gather_1, 0, 5, (2, 2)) : (5, 3)  # <- %all_gather_1, %all_gather_2
   return %unpad_nested
-""")
+""",
+        )
 
     def test_golden_one_dim_mesh(self):
-        self.assertExpectedInline(render("one_dim_mesh"), """\
+        self.assertExpectedInline(
+            render("one_dim_mesh"),
+            """\
 redistribute [S(0)] -> [R] on mesh (x=4), shape (6, 2), float32
 flattened groups that exist: none; groups=existing
 
@@ -490,10 +524,13 @@ IR (optimized):
   %all_gather = all_gather(%pad_to, {x 4:1}, 0) : (8, 2)
   %narrow = narrow(%all_gather, 0, 0, 6) : (6, 2)
   return %narrow
-""")
+""",
+        )
 
     def test_golden_no_op(self):
-        self.assertExpectedInline(render("no_op"), """\
+        self.assertExpectedInline(
+            render("no_op"),
+            """\
 redistribute [S(0), R] -> [S(0), R] on mesh (a=2,b=2), shape (4, 4), float32
 flattened groups that exist: none; groups=existing
 
@@ -512,10 +549,13 @@ IR (naive):
 IR (optimized):
   %x : (2, 4)
   return %x
-""")
+""",
+        )
 
     def test_golden_four_dim_mesh(self):
-        self.assertExpectedInline(render("four_dim_mesh"), """\
+        self.assertExpectedInline(
+            render("four_dim_mesh"),
+            """\
 redistribute [R, P, P, S(1)] -> [R, R, S(0), S(1)] on mesh (pp=2,dp=2,cp=2,tp=2), shape (16, 8), float32
 flattened groups that exist: dp+cp; groups=existing
 
@@ -546,7 +586,9 @@ IR (optimized):
   %all_reduce = all_reduce(%x, {dp+cp 4:2}, 'sum') : (16, 4)  # <- %reduce_scatter, %all_reduce
   %select_chunk = select_chunk(%all_reduce, 0, 2, c_cp) : (8, 4)  # <- %reduce_scatter, %all_reduce
   return %select_chunk
-""")
+""",
+        )
+
 
 # -- format helpers ------------------------------------------------------------------
 
@@ -600,7 +642,10 @@ def test_write_pass_dump_names_and_contents(tmp_path, monkeypatch):
     naive, optimized = case_plans(load_cases()["design1_nonconsecutive_reductions"])
     before = dump.write_pass_dump(tmp_path / "d", 0, "default", None, naive)
     after = dump.write_pass_dump(tmp_path / "d", 1, "default", "merge-reductions", optimized)
-    assert [p.name for p in before] == ["0000.default.before_pipeline.txt", "0000.default.before_pipeline.dot"]
+    assert [p.name for p in before] == [
+        "0000.default.before_pipeline.txt",
+        "0000.default.before_pipeline.dot",
+    ]
     assert [p.name for p in after] == [
         "0001.default.after_merge-reductions.txt",
         "0001.default.after_merge-reductions.dot",
@@ -612,7 +657,9 @@ def test_write_pass_dump_names_and_contents(tmp_path, monkeypatch):
     # "before_pipeline" and "after_<name>" spell the stage explicitly too
     same = dump.write_pass_dump(tmp_path / "e", 1, "default", "after_merge-reductions", optimized)
     assert same[0].name == after[0].name
-    assert dump.write_pass_dump(tmp_path / "e", 0, "default", "before_pipeline", naive)[0].name == before[0].name
+    assert (
+        dump.write_pass_dump(tmp_path / "e", 0, "default", "before_pipeline", naive)[0].name == before[0].name
+    )
 
 
 def test_write_pass_dump_filter(tmp_path, monkeypatch):

@@ -39,12 +39,18 @@ SCRIPT = textwrap.dedent("""
 
 def test_every_dump_file_names_the_rank(tmp_path):
     env = {**os.environ, dump.DUMP_DIR_ENV: str(tmp_path / "graph"), dump.DUMP_PASSES_ENV: ""}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     names = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert names and all(".rank3." in n for n in names), names
     assert (tmp_path / "direct" / "0000.default.rank3.before_pipeline.txt").exists()
-    assert any(n.startswith("0000.default_") and n.endswith(".rank3.before_pipeline.txt") for n in names), names
-    assert {"0000.graph_pass.rank3.before.txt", "0000.graph_pass.rank3.after.txt",
-            "0000.graph_pass.rank3.explain.txt"} <= set(names), names
+    assert any(n.startswith("0000.default_") and n.endswith(".rank3.before_pipeline.txt") for n in names), (
+        names
+    )
+    assert {
+        "0000.graph_pass.rank3.before.txt",
+        "0000.graph_pass.rank3.after.txt",
+        "0000.graph_pass.rank3.explain.txt",
+    } <= set(names), names

@@ -8,13 +8,12 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
+from support.explain_cases import case_plans, load_cases
 
 import redist_opt
 from redist_opt import ir
-from redist_opt.ir import layout as L
 from redist_opt.debug import visualize
-
-from support.explain_cases import case_plans, load_cases
+from redist_opt.ir import layout as L
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -36,7 +35,8 @@ def rank_rects(panel):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["design1_nonconsecutive_reductions", "design3_uneven_all_gather", "one_dim_mesh", "four_dim_mesh"]
+    "case_id",
+    ["design1_nonconsecutive_reductions", "design3_uneven_all_gather", "one_dim_mesh", "four_dim_mesh"],
 )
 def test_mesh_svg_one_rect_per_rank_and_groups_match_rank_lists(case_id):
     naive, optimized = case_plans(load_cases()[case_id])
@@ -98,9 +98,7 @@ def test_plan_graph_svg_structure():
     assert len(flow) == (len(naive.graph.graph.nodes) - 1) + (len(optimized.graph.graph.nodes) - 1)
     # provenance: one dashed edge per from_node that names a node of the naive plan
     naive_names = {n.name for n in naive.graph.graph.nodes}
-    expected = sum(
-        1 for n in optimized.graph.graph.nodes for s in ir.from_nodes(n) if s in naive_names
-    )
+    expected = sum(1 for n in optimized.graph.graph.nodes for s in ir.from_nodes(n) if s in naive_names)
     assert len([p for p in edges if "from" in p.get("class")]) == expected
 
 
@@ -133,7 +131,7 @@ def test_dot_renders_with_graphviz_when_present():
     text = visualize.plans_to_dot([("naive", naive), ("optimized", optimized)])
     out = subprocess.run(["dot", "-Tsvg"], input=text, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    parse(out.stdout[out.stdout.index("<svg"):])
+    parse(out.stdout[out.stdout.index("<svg") :])
 
 
 def test_committed_docs_images_are_svg():

@@ -36,8 +36,9 @@ def _graphs_of_torchs_aot_eager(model, x) -> list[list[str]]:
     from functorch.compile import make_boxed_compiler
 
     boxed = make_boxed_compiler(record)
-    torch.compile(model, backend=lambda gm, inputs: aot_eager(gm, inputs, fw_compiler=boxed, bw_compiler=boxed))(
-        x).sum().backward()
+    torch.compile(
+        model, backend=lambda gm, inputs: aot_eager(gm, inputs, fw_compiler=boxed, bw_compiler=boxed)
+    )(x).sum().backward()
     return graphs
 
 

@@ -12,11 +12,11 @@ import warnings
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
+from support import compile_models
 from torch._dynamo.backends.common import aot_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from support import compile_models
 import redist_opt
 from redist_opt.graph.backend import collectives
 
@@ -75,7 +75,9 @@ def test_ppp_to_r_s0_r_traces_fewer_collectives(which):
         return x.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local() * 2
 
     def make_input():
-        return DTensor.from_local(torch.randn(8, 4, requires_grad=True), mesh, [Partial()] * 3, run_check=False)
+        return DTensor.from_local(
+            torch.randn(8, 4, requires_grad=True), mesh, [Partial()] * 3, run_check=False
+        )
 
     torch_cap, _ = _compile_and_run(f, (make_input(),), "torch")
     our_cap, _ = _compile_and_run(f, (make_input(),), which)
@@ -112,7 +114,9 @@ def test_tp_mlp_loss_over_both_dims(groups, fewer):
         model = compile_models.build_tp_mlp(mesh2d)
         x, target = _mlp_inputs(mesh2d)
         cap, _ = _compile_and_run(
-            lambda x, t: compile_models.dp_tp_loss(model, x, t, mesh2d), (x, target), which,
+            lambda x, t: compile_models.dp_tp_loss(model, x, t, mesh2d),
+            (x, target),
+            which,
             **({"groups": groups} if which == "ours" else {}),
         )
         results[which] = cap.counts()
@@ -199,7 +203,9 @@ def test_inductor_inner_and_default_backend_inside_enabled(tmp_path, monkeypatch
         return x.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local() * 2
 
     def make_input():
-        return DTensor.from_local(torch.ones(8, 4, requires_grad=True), mesh, [Partial()] * 3, run_check=False)
+        return DTensor.from_local(
+            torch.ones(8, 4, requires_grad=True), mesh, [Partial()] * 3, run_check=False
+        )
 
     torch._dynamo.reset()
     out = torch.compile(f, backend=redist_opt.backend("inductor"), fullgraph=True)(make_input())

@@ -47,7 +47,9 @@ class G:
         return n
 
     def ag(self, x, group="7", n=2):
-        return self.call(C10D.wait_tensor.default, self.call(C10D.all_gather_into_tensor.default, x, n, group))
+        return self.call(
+            C10D.wait_tensor.default, self.call(C10D.all_gather_into_tensor.default, x, n, group)
+        )
 
     def ar(self, x, op="sum", group="7"):
         return self.wait(self.call(C10D.all_reduce.default, x, op, group))
@@ -63,8 +65,11 @@ class G:
         lines = [f"# combined: {sum(c.removed for c in done)}"]
         for n in self.graph.nodes:
             if n.op == "call_function":
-                name = getattr(n.target, "__name__", None) if callable(n.target) and not isinstance(
-                    n.target, torch._ops.OpOverload) else None
+                name = (
+                    getattr(n.target, "__name__", None)
+                    if callable(n.target) and not isinstance(n.target, torch._ops.OpOverload)
+                    else None
+                )
                 name = name or str(n.target).replace("_c10d_functional.", "").replace("aten.", "")
                 args = ", ".join(_arg(a) for a in n.args)
                 lines.append(f"{n.name} = {name}({args})")
@@ -88,7 +93,9 @@ class TestCombine(TestCase):
         wa = g.ag(a)
         use = g.call(aten.mul.Tensor, wa, wa)
         wb = g.ag(b)
-        self.assertExpectedInline(g.text(use, wb), """\
+        self.assertExpectedInline(
+            g.text(use, wb),
+            """\
 # combined: 1
 view = view.default(a, [-1])
 view_1 = view.default(b, [-1])
@@ -104,7 +111,8 @@ _unsafe_view = _unsafe_view.default(clone, [8])
 clone_1 = clone.default(getitem_1)
 _unsafe_view_1 = _unsafe_view.default(clone_1, [4, 3])
 mul_tensor = mul.Tensor(_unsafe_view, _unsafe_view)
-return [mul_tensor, _unsafe_view_1]""")
+return [mul_tensor, _unsafe_view_1]""",
+        )
 
     def test_three_gathers_combine_while_latency_bound(self):
         # 3 x 256 B in: the set of all three is 768 B, within the stub's 1024 B bound
@@ -146,14 +154,17 @@ return [mul_tensor, _unsafe_view_1]""")
         a = g.x("a", (4,))
         wa = g.ag(a)
         b = g.call(aten.mul.Tensor, wa, 2.0)
-        self.assertExpectedInline(g.text(g.ag(b)), """\
+        self.assertExpectedInline(
+            g.text(g.ag(b)),
+            """\
 # combined: 0
 all_gather_into_tensor_default = all_gather_into_tensor.default(a, 2, '7')
 wait_tensor_default = wait_tensor.default(all_gather_into_tensor_default)
 mul_tensor = mul.Tensor(wait_tensor_default, 2.0)
 all_gather_into_tensor_default_1 = all_gather_into_tensor.default(mul_tensor, 2, '7')
 wait_tensor_default_1 = wait_tensor.default(all_gather_into_tensor_default_1)
-return wait_tensor_default_1""")
+return wait_tensor_default_1""",
+        )
 
     def test_late_input_starts_a_new_set(self):
         # legality 3: c is computed after the first gather: it starts a set of its own,
@@ -174,7 +185,9 @@ return wait_tensor_default_1""")
         a, b = g.x("a", (4,)), g.x("b", (2, 2))
         wa = g.ag(a)
         vb = g.call(aten.view.default, b, [4])
-        self.assertExpectedInline(g.text(wa, g.ag(vb)), """\
+        self.assertExpectedInline(
+            g.text(wa, g.ag(vb)),
+            """\
 # combined: 1
 view_default = view.default(b, [4])
 view = view.default(a, [-1])
@@ -190,7 +203,8 @@ clone = clone.default(getitem)
 _unsafe_view = _unsafe_view.default(clone, [8])
 clone_1 = clone.default(getitem_1)
 _unsafe_view_1 = _unsafe_view.default(clone_1, [8])
-return [_unsafe_view, _unsafe_view_1]""")
+return [_unsafe_view, _unsafe_view_1]""",
+        )
 
     def test_long_view_chain_is_not_moved(self):
         # legality 3: more than MAX_HOISTED views after the first gather
@@ -267,7 +281,9 @@ class TestCombineReductions(TestCase):
         c1 = g.call(C10D.reduce_scatter_tensor.default, g.call(aten.mul.Tensor, a, 2.0), "sum", 2, "7")
         gb = g.call(aten.mul.Tensor, b, 3.0)
         c2 = g.call(C10D.reduce_scatter_tensor.default, gb, "sum", 2, "7")
-        self.assertExpectedInline(g.text(g.wait(c1), g.wait(c2)), """\
+        self.assertExpectedInline(
+            g.text(g.wait(c1), g.wait(c2)),
+            """\
 # combined: 1
 mul_tensor = mul.Tensor(a, 2.0)
 mul_tensor_1 = mul.Tensor(b, 3.0)
@@ -282,7 +298,8 @@ getitem = getitem(split_with_sizes, 0)
 getitem_1 = getitem(split_with_sizes, 1)
 view_3 = view.default(getitem, [2, 2])
 view_4 = view.default(getitem_1, [1, 3])
-return [view_3, view_4]""")
+return [view_3, view_4]""",
+        )
 
     def test_waits_sink_to_the_first_use(self):
         # the reduced values are waited for at once but used only at the end
@@ -291,7 +308,9 @@ return [view_3, view_4]""")
         wa = g.ar(a)
         gb = g.call(aten.mul.Tensor, b, 3.0)
         wb = g.ar(gb)
-        self.assertExpectedInline(g.text(g.call(aten.add.Tensor, wa, wb)), """\
+        self.assertExpectedInline(
+            g.text(g.call(aten.add.Tensor, wa, wb)),
+            """\
 # combined: 1
 mul_tensor = mul.Tensor(b, 3.0)
 view = view.default(a, [-1])
@@ -305,7 +324,8 @@ getitem_1 = getitem(split_with_sizes, 1)
 view_2 = view.default(getitem, [4])
 view_3 = view.default(getitem_1, [4])
 add_tensor = add.Tensor(view_2, view_3)
-return add_tensor""")
+return add_tensor""",
+        )
 
     def test_reduction_used_before_the_last_is_not_combined(self):
         # legality 3: a's reduced value is used to compute b
@@ -360,16 +380,23 @@ return add_tensor""")
         g = G()
         a, b, c, d = g.x("a", (4, 3)), g.x("b", (8,)), g.x("c", (3,)), g.x("d", (2, 2))
         # the waits after every collective (legality 3)
-        cs = [g.call(C10D.reduce_scatter_tensor.default, a, "sum", 4, "7"),
-              g.call(C10D.reduce_scatter_tensor.default, b, "sum", 4, "7"),
-              g.call(C10D.all_reduce.default, c, "avg", "8"), g.call(C10D.all_reduce.default, d, "avg", "8")]
+        cs = [
+            g.call(C10D.reduce_scatter_tensor.default, a, "sum", 4, "7"),
+            g.call(C10D.reduce_scatter_tensor.default, b, "sum", 4, "7"),
+            g.call(C10D.all_reduce.default, c, "avg", "8"),
+            g.call(C10D.all_reduce.default, d, "avg", "8"),
+        ]
         outs = [g.wait(x) for x in cs]
         g.graph.output(tuple(outs))
         before = fx.GraphModule(torch.nn.Module(), _copy(g.graph))
         self.assertEqual(sum(x.removed for x in combine_collectives(g.graph, stub_time)), 2)
         after = fx.GraphModule(torch.nn.Module(), g.graph)
-        inputs = [torch.arange(12.0).reshape(4, 3), torch.arange(8.0), torch.arange(3.0),
-                  torch.arange(4.0).reshape(2, 2)]
+        inputs = [
+            torch.arange(12.0).reshape(4, 3),
+            torch.arange(8.0),
+            torch.arange(3.0),
+            torch.arange(4.0).reshape(2, 2),
+        ]
         want, got = _Simulated(before).run(*inputs), _Simulated(after).run(*inputs)
         for w, o in zip(want, got, strict=True):
             self.assertEqual(w.shape, o.shape)

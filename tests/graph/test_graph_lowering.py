@@ -23,6 +23,9 @@ import sys
 import pytest
 import torch
 import torch.fx as fx
+from support import lowering_programs as LP
+from support.paths import SUPPORT
+from support.program_report import read as read_report
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -34,9 +37,6 @@ from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import OPS, STEP_VARIANTS
 from redist_opt.tools.spawn import run_ranks
-from support import lowering_programs as LP
-from support.paths import SUPPORT
-from support.program_report import read as read_report
 
 pytestmark = pytest.mark.xdist_group("graph_lowering")  # the mesh22 and fake_2x4 fixtures
 
@@ -123,8 +123,12 @@ def test_compiled_unpack_blocks_equal_uncompiled_on_gloo():
 
 @pytest.fixture(scope="module")
 def fake_2x4():
-    proc = subprocess.run([sys.executable, os.path.join(SUPPORT, "lowering_programs.py"), "fake", "5"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SUPPORT, "lowering_programs.py"), "fake", "5"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return read_report(proc.returncode, proc.stdout, proc.stderr)
 
 

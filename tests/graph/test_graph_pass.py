@@ -18,22 +18,25 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
+from support.paths import SUPPORT
+from support.program_report import read as read_report
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
 
-from support.paths import SUPPORT
-from support.program_report import read as read_report
-
-pytestmark = pytest.mark.xdist_group("graph_pass")  # the report fixture compiles every program in a subprocess
+pytestmark = pytest.mark.xdist_group(
+    "graph_pass"
+)  # the report fixture compiles every program in a subprocess
 
 
 def _run_script(mode: str, rank: int) -> dict:
     proc = subprocess.run(
         [sys.executable, os.path.join(SUPPORT, "graph_pass_programs.py"), mode, str(rank)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     return read_report(proc.returncode, proc.stdout, proc.stderr)
 

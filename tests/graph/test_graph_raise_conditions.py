@@ -17,12 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
+from support.slice_facts import other_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import FileCheck
 
 from redist_opt.graph.graph_pass import optimize_graph
-from support.slice_facts import other_ranks
 
 
 @pytest.fixture(scope="module")
@@ -96,31 +96,50 @@ def test_c2_group_of_a_known_mesh_not_transformed(mesh3):
     gm = make_fx(gm_fn, tracing_mode="fake")(torch.zeros((8, 4)))
     before = gm.code
     result = optimize_graph(gm, meshes=other, all_gather=other_ranks(mesh3, lambda c: c[2]))
-    assert gm.code == before and "is no set of dims of a known DeviceMesh" in result.explain(), result.explain()
+    assert gm.code == before and "is no set of dims of a known DeviceMesh" in result.explain(), (
+        result.explain()
+    )
 
 
 # 3. a legal DTensor transition: a dim is reduced only while it is still partial
 def test_c3_dim_reduced_once(mesh3):
     gy = mesh3.get_group(1)
-    run_and_check(mesh3, _own_block(mesh3, between=lambda w: funcol.all_reduce(w, "sum", gy)), (8, 4),
-                  [("check", "reduce_scatter_tensor"), ("check", "all_reduce")])
+    run_and_check(
+        mesh3,
+        _own_block(mesh3, between=lambda w: funcol.all_reduce(w, "sum", gy)),
+        (8, 4),
+        [("check", "reduce_scatter_tensor"), ("check", "all_reduce")],
+    )
 
 
 def test_c3_dim_reduced_twice_not_transformed(mesh3):
     gz = mesh3.get_group(2)
-    run_and_check(mesh3, _own_block(mesh3, between=lambda w: funcol.all_reduce(w, "sum", gz)), (8, 4), None,
-                  reason="not partial any more")
+    run_and_check(
+        mesh3,
+        _own_block(mesh3, between=lambda w: funcol.all_reduce(w, "sum", gz)),
+        (8, 4),
+        None,
+        reason="not partial any more",
+    )
 
 
 # 4. even shards only
 def test_c4_uneven_block_not_transformed(mesh3):
-    run_and_check(mesh3, _own_block(mesh3, rows=7), (7, 4), None, reason="uneven or non-constant block selection")
+    run_and_check(
+        mesh3, _own_block(mesh3, rows=7), (7, 4), None, reason="uneven or non-constant block selection"
+    )
 
 
 # 5. a rank slice is proven to select this rank's block over one common dim set
 def test_c5_constant_index_the_same_on_every_rank_not_transformed(mesh3):
-    run_and_check(mesh3, _own_block(mesh3, index=0), (8, 4), None, index_of=lambda c: 0,
-                  reason="cannot be proven to select this rank's block")
+    run_and_check(
+        mesh3,
+        _own_block(mesh3, index=0),
+        (8, 4),
+        None,
+        index_of=lambda c: 0,
+        reason="cannot be proven to select this rank's block",
+    )
 
 
 # 6. pointwise ops with scalars only where no dim is partial any more
@@ -136,4 +155,6 @@ def test_c6_scalar_op_on_a_partial_dim_not_transformed(mesh3):
         return funcol.all_reduce(w, "sum", gy).split(4)[t].clone()
 
     # summed over y after the add, the 1 counts twice: re-applying it at the end is wrong
-    run_and_check(mesh3, f, (8, 4), None, reason="a pointwise op on a value that is still partial over mesh dims (1,)")
+    run_and_check(
+        mesh3, f, (8, 4), None, reason="a pointwise op on a value that is still partial over mesh dims (1,)"
+    )

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
+from support.slice_facts import other_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from redist_opt.graph.graph_pass import count_collectives, optimize_graph
-from support.slice_facts import other_ranks
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from torch.distributed.elastic.utils.distributed import get_free_port
-
 from support.paths import SUPPORT
 from support.program_report import read as read_report
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 SCRIPT = os.path.join(SUPPORT, "graph_reassociate_programs.py")
 
@@ -23,24 +22,35 @@ def _report(proc) -> dict:
 
 
 def test_backward_all_reduces_one_per_summed_group():
-    r = _report(subprocess.run([sys.executable, SCRIPT, "fake", "1"], capture_output=True, text=True,
-                               timeout=900))
+    r = _report(
+        subprocess.run([sys.executable, SCRIPT, "fake", "1"], capture_output=True, text=True, timeout=900)
+    )
     (fw_off, bw_off), (fw_on, bw_on) = r["off"]["graphs"], r["on"]["graphs"]
     # forward: one all_reduce per rowwise projection (o, down) per layer, untouched
     assert fw_off["after"] == fw_on["after"] == {"all_reduce": 4}
     assert bw_off["before"] == bw_off["after"] == {"all_reduce": 10}
     assert bw_on["before"] == {"all_reduce": 10}
     assert bw_on["after"] == {"all_reduce": 4}, bw_on["explain"]
-    folded = sorted(int(line.split(": ")[1].split()[0]) for line in bw_on["explain"].splitlines()
-                    if line.startswith("reassociated"))
+    folded = sorted(
+        int(line.split(": ")[1].split()[0])
+        for line in bw_on["explain"].splitlines()
+        if line.startswith("reassociated")
+    )
     assert folded == [2, 2, 3, 3]  # (gate, up) and (q, k, v) of each layer
 
 
 @pytest.mark.slow
 def test_values_on_two_gloo_ranks():
     port = str(get_free_port())
-    procs = [subprocess.Popen([sys.executable, SCRIPT, "gloo", str(r), "2", port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, "gloo", str(r), "2", port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=900)
         r = _report(subprocess.CompletedProcess(p.args, p.returncode, out, err))

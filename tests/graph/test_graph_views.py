@@ -12,11 +12,12 @@ import subprocess
 import sys
 
 import pytest
-
 from support.paths import SUPPORT
 from support.program_report import read as read_report
 
-pytestmark = pytest.mark.xdist_group("graph_views")  # the report fixture compiles every program in a subprocess
+pytestmark = pytest.mark.xdist_group(
+    "graph_views"
+)  # the report fixture compiles every program in a subprocess
 
 SCRIPT = os.path.join(SUPPORT, "graph_views_programs.py")
 
@@ -62,8 +63,15 @@ def test_outputs_equal_on_eight_gloo_ranks():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, SCRIPT, "gloo", str(r), "8", port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, "gloo", str(r), "8", port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(8)
+    ]
     outs = [p.communicate(timeout=1200) for p in procs]
     reports = [read_report(p.returncode, *o) for p, o in zip(procs, outs)]
     for r in reports:  # every rank rewrote every program (outputs were checked in the ranks)
@@ -72,7 +80,9 @@ def test_outputs_equal_on_eight_gloo_ranks():
 
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
 def test_meshes_from_torchtitan_parallel_dims():
-    proc = subprocess.run([sys.executable, SCRIPT, "torchtitan", "5"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "torchtitan", "5"], capture_output=True, text=True, timeout=900
+    )
     r = read_report(proc.returncode, proc.stdout, proc.stderr)
     for name in ("simplefsdp_grad", "ppp_grad", "expert_grad"):
         for given in ("given", "live"):

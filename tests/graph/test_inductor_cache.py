@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-
 from support import inductor_cache_programs as P
+
 from redist_opt.tools.spawn import run_ranks
 
 gloo = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
@@ -28,17 +28,21 @@ def _check(result: dict) -> None:
         assert count == (TORCH_STEP if who == "torch" else OURS_STEP), (who, result["runs"])
         assert loss == pytest.approx(result["eager_loss"], rel=1e-5), (who, loss, result["eager_loss"])
         if who == "ours":
-            assert set(cache) == {"aot_autograd.autograd_cache_bypass", "inductor.fxgraph_cache_bypass"}, cache
+            assert set(cache) == {"aot_autograd.autograd_cache_bypass", "inductor.fxgraph_cache_bypass"}, (
+                cache
+            )
 
 
 @pytest.mark.slow
 @gloo
 def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
     # Two block sizes: each order starts from keys the cache has never seen.
-    torch_first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours", "torch")),
-                            timeout=TIMEOUT_S)
-    ours_first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 24, ("ours", "torch", "ours")),
-                           timeout=TIMEOUT_S)
+    torch_first = run_ranks(
+        P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours", "torch")), timeout=TIMEOUT_S
+    )
+    ours_first = run_ranks(
+        P.compile_in_order, P.WORLD, (str(tmp_path), 8, 24, ("ours", "torch", "ours")), timeout=TIMEOUT_S
+    )
     for result in torch_first + ours_first:
         _check(result)
     for result in torch_first:
@@ -50,11 +54,15 @@ def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
 @gloo
 def test_disk_cache_does_not_cross_serve_in_a_fresh_process(tmp_path):
     # First job: ours, then torch, into an empty cache dir; torch's entry is saved.
-    first = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("ours", "torch")), timeout=TIMEOUT_S)
+    first = run_ranks(
+        P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("ours", "torch")), timeout=TIMEOUT_S
+    )
     # Fresh processes, same cache dir, the other order. (torch 2.13 keys a DTensor program's
     # AOTAutograd entry on its DTensor inputs' metadata, which differs between processes:
     # torch misses its own entry here; ours must not even look.)
-    second = run_ranks(P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours")), timeout=TIMEOUT_S)
+    second = run_ranks(
+        P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours")), timeout=TIMEOUT_S
+    )
     for result in first + second:
         _check(result)
     for result in first:
@@ -63,9 +71,10 @@ def test_disk_cache_does_not_cross_serve_in_a_fresh_process(tmp_path):
 
 @pytest.mark.slow  # an Inductor compile: tens of seconds on a loaded CPU
 def test_backend_bypasses_both_caches_and_keeps_the_users_post_grad_pass(tmp_path, monkeypatch):
-    import redist_opt
     from torch._dynamo.utils import counters
     from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    import redist_opt
 
     class UsersPass(CustomGraphPass):
         calls = 0
@@ -79,11 +88,16 @@ def test_backend_bypasses_both_caches_and_keeps_the_users_post_grad_pass(tmp_pat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
     counters.clear()
-    with torch._inductor.config.patch(fx_graph_cache=True, post_grad_custom_post_pass=UsersPass()), \
-            torch._functorch.config.patch(enable_autograd_cache=True):
+    with (
+        torch._inductor.config.patch(fx_graph_cache=True, post_grad_custom_post_pass=UsersPass()),
+        torch._functorch.config.patch(enable_autograd_cache=True),
+    ):
         x = torch.randn(3, requires_grad=True)
         torch.compile(lambda t: (t * 2).sin(), backend=redist_opt.backend())(x).sum().backward()
     assert counters["aot_autograd"]["autograd_cache_bypass"] == 1
     assert counters["inductor"]["fxgraph_cache_bypass"] == 2  # forward and backward
-    assert not counters["aot_autograd"]["autograd_cache_saved"] and not counters["inductor"]["fxgraph_cache_miss"]
+    assert (
+        not counters["aot_autograd"]["autograd_cache_saved"]
+        and not counters["inductor"]["fxgraph_cache_miss"]
+    )
     assert UsersPass.calls == 2

@@ -14,11 +14,11 @@ import random
 import pytest
 
 import redist_opt
-from redist_opt.tools.bench import bench_shape
-from redist_opt.ir.cost_fit import fit_alpha_beta
-from redist_opt.tools.timing import Stat
-from redist_opt.tools.args import format_size, parse_size, parse_sizes
 from redist_opt.ir.cost import KINDS, PROFILE_FORMAT, CostModel, steps_and_bytes
+from redist_opt.ir.cost_fit import fit_alpha_beta
+from redist_opt.tools.args import format_size, parse_size, parse_sizes
+from redist_opt.tools.bench import bench_shape
+from redist_opt.tools.timing import Stat
 
 KiB, MiB = 1024, 1024**2
 
@@ -29,8 +29,16 @@ WHOLE = MESH.group((0, 1, 2))
 
 def unit(**kw) -> CostModel:
     """A model whose time is a pure step count (alpha=1 s) or byte count (bw=1 B/s)."""
-    base = dict(name="unit", launch=0.0, alpha_intra=0.0, alpha_inter=0.0, bw_intra=1e30, bw_inter=1e30,
-                devices_per_host=None, create_group=0.0)  # fmt: skip
+    base = dict(
+        name="unit",
+        launch=0.0,
+        alpha_intra=0.0,
+        alpha_inter=0.0,
+        bw_intra=1e30,
+        bw_inter=1e30,
+        devices_per_host=None,
+        create_group=0.0,
+    )
     base.update(kw)
     return CostModel(**base)
 
@@ -88,9 +96,15 @@ def test_reduce_scatter_as_all_reduce():
     assert emul.reduce_scatter_as_all_reduce  # measured on gloo
     m = dataclasses.replace(emul, reduce_scatter_as_all_reduce=False)
     for n in (KiB, MiB):
-        assert emul.collective_time("reduce_scatter", WHOLE, n, MESH) == m.collective_time("all_reduce", WHOLE, n, MESH)
-        assert m.collective_time("reduce_scatter", WHOLE, n, MESH) < m.collective_time("all_reduce", WHOLE, n, MESH)
-        assert emul.collective_time("all_gather", WHOLE, n, MESH) == m.collective_time("all_gather", WHOLE, n, MESH)
+        assert emul.collective_time("reduce_scatter", WHOLE, n, MESH) == m.collective_time(
+            "all_reduce", WHOLE, n, MESH
+        )
+        assert m.collective_time("reduce_scatter", WHOLE, n, MESH) < m.collective_time(
+            "all_reduce", WHOLE, n, MESH
+        )
+        assert emul.collective_time("all_gather", WHOLE, n, MESH) == m.collective_time(
+            "all_gather", WHOLE, n, MESH
+        )
 
 
 def merged_vs_separate(model: CostModel, nbytes: int) -> tuple[float, float]:
@@ -124,8 +138,15 @@ def test_merging_reductions_under_tree_nccl():
 
 
 def test_intra_and_inter_host_links():
-    m = CostModel(alpha_intra=1.0, alpha_inter=10.0, launch=0.0, bw_intra=1e30, bw_inter=1e30,
-                  devices_per_host=4, algorithm="ring")  # fmt: skip
+    m = CostModel(
+        alpha_intra=1.0,
+        alpha_inter=10.0,
+        launch=0.0,
+        bw_intra=1e30,
+        bw_inter=1e30,
+        devices_per_host=4,
+        algorithm="ring",
+    )
     # Row-major 2x2x2: dim c has stride 1, b stride 2, a stride 4; 4 ranks per host.
     assert m.collective_time("all_gather", MESH.group((2,)), 64, MESH) == pytest.approx(1.0)
     assert m.collective_time("all_gather", MESH.group((1, 2)), 64, MESH) == pytest.approx(3.0)
@@ -148,7 +169,9 @@ def test_plan_time_sums_collectives():
     assert [c.kind for c in colls] == ["all_reduce", "all_reduce"]
     expected = sum(gloo.collective_time(c.kind, c.group, c.bytes_in, spec) for c in colls)
     assert gloo.plan_time(p) == pytest.approx(expected)
-    assert expected == pytest.approx(2 * gloo.collective_time("all_reduce", spec.group((0,)), 8 * 4 * 4, spec))
+    assert expected == pytest.approx(
+        2 * gloo.collective_time("all_reduce", spec.group((0,)), 8 * 4 * 4, spec)
+    )
 
 
 # -- save / load ---------------------------------------------------------------------------
@@ -159,9 +182,19 @@ def test_plan_time_sums_collectives():
     [
         CostModel.default(),
         CostModel.profile("gloo"),
-        CostModel(name="odd", launch=1.5e-6, alpha_intra=3.25e-5, alpha_inter=1e-3, bw_intra=1.234567e9,
-                  bw_inter=7e8, devices_per_host=4, algorithm="ring", create_group=0.1, expected_reuse=7,
-                  reduce_scatter_as_all_reduce=True),  # fmt: skip
+        CostModel(
+            name="odd",
+            launch=1.5e-6,
+            alpha_intra=3.25e-5,
+            alpha_inter=1e-3,
+            bw_intra=1.234567e9,
+            bw_inter=7e8,
+            devices_per_host=4,
+            algorithm="ring",
+            create_group=0.1,
+            expected_reuse=7,
+            reduce_scatter_as_all_reduce=True,
+        ),
     ],
     ids=["default", "gloo", "custom"],
 )
@@ -176,7 +209,9 @@ def test_save_load_round_trip(tmp_path, model):
     assert CostModel.from_dict(data["model"]) == model
     assert CostModel.from_dict(model.to_dict()) == model
     for kind in KINDS:
-        assert loaded.collective_time(kind, WHOLE, 64 * KiB, MESH) == model.collective_time(kind, WHOLE, 64 * KiB, MESH)
+        assert loaded.collective_time(kind, WHOLE, 64 * KiB, MESH) == model.collective_time(
+            kind, WHOLE, 64 * KiB, MESH
+        )
 
 
 def test_save_keeps_calibration_record(tmp_path):
@@ -235,18 +270,45 @@ def synthetic(model: CostModel, *, noise: float = 0.0, seed: int = 0) -> list[di
         for nbytes in parse_sizes("1KiB..4MiB*4"):
             for kind in KINDS:
                 t = model.collective_time(kind, g, nbytes, spec)
-                out.append(dict(kind=kind, p=g.size, nbytes=nbytes, time=t * (1 + noise * rng.uniform(-1, 1))))
+                out.append(
+                    dict(kind=kind, p=g.size, nbytes=nbytes, time=t * (1 + noise * rng.uniform(-1, 1)))
+                )
     return out
 
 
 TRUTHS = [
-    CostModel(name="t1", launch=30e-6, alpha_intra=60e-6, alpha_inter=60e-6, bw_intra=1.5e9, bw_inter=1.5e9,
-              devices_per_host=None, algorithm="ring"),
-    CostModel(name="t2", launch=10e-6, alpha_intra=2e-6, alpha_inter=2e-6, bw_intra=150e9, bw_inter=150e9,
-              devices_per_host=None, algorithm="tree"),
-    CostModel(name="t3", launch=1e-3, alpha_intra=1e-3, alpha_inter=1e-3, bw_intra=3e8, bw_inter=3e8,
-              devices_per_host=None, algorithm="ring", reduce_scatter_as_all_reduce=True),
-]  # fmt: skip
+    CostModel(
+        name="t1",
+        launch=30e-6,
+        alpha_intra=60e-6,
+        alpha_inter=60e-6,
+        bw_intra=1.5e9,
+        bw_inter=1.5e9,
+        devices_per_host=None,
+        algorithm="ring",
+    ),
+    CostModel(
+        name="t2",
+        launch=10e-6,
+        alpha_intra=2e-6,
+        alpha_inter=2e-6,
+        bw_intra=150e9,
+        bw_inter=150e9,
+        devices_per_host=None,
+        algorithm="tree",
+    ),
+    CostModel(
+        name="t3",
+        launch=1e-3,
+        alpha_intra=1e-3,
+        alpha_inter=1e-3,
+        bw_intra=3e8,
+        bw_inter=3e8,
+        devices_per_host=None,
+        algorithm="ring",
+        reduce_scatter_as_all_reduce=True,
+    ),
+]
 
 
 @pytest.mark.parametrize("truth", TRUTHS, ids=[t.name for t in TRUTHS])
@@ -277,7 +339,9 @@ def test_fit_with_noise_stays_close():
 
 def test_fit_keeps_parameters_non_negative():
     # Times that fall with size would need a negative bandwidth term: clamp it to 0.
-    ms = [dict(kind="all_reduce", p=2, nbytes=n, time=t) for n, t in [(1024, 3e-3), (4096, 2e-3), (16384, 1e-3)]]
+    ms = [
+        dict(kind="all_reduce", p=2, nbytes=n, time=t) for n, t in [(1024, 3e-3), (4096, 2e-3), (16384, 1e-3)]
+    ]
     fit = fit_alpha_beta(ms)
     assert fit.launch >= 0 and fit.alpha >= 0 and fit.bw > 0
 

@@ -27,7 +27,9 @@ CASES = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "cases.js
 def _spec(case) -> redist_opt.MeshSpec:
     pairs = [part.split("=") for part in case["mesh"].split(",")]
     return redist_opt.MeshSpec(
-        sizes=tuple(int(s) for _, s in pairs), names=tuple(n for n, _ in pairs), flattened=tuple(case["flatten"])
+        sizes=tuple(int(s) for _, s in pairs),
+        names=tuple(n for n, _ in pairs),
+        flattened=tuple(case["flatten"]),
     )
 
 
@@ -67,7 +69,15 @@ VARIANT_PLANS = [
     # (mesh sizes, flattened, src, dst, shape, groups, the field it shows)
     ((2, 8), [], "S(0),S(1)", "R,R", (5, 7), "create", "variant=gather_blocks(0: a, 1: b)"),
     ((2, 4, 2), [], "S(0),S(1),S(0)", "R,R,R", (9, 7), "create", "variant=gather_blocks(0: a+c, 1: b)"),
-    ((2, 3), ["a+b"], "S(0),S(0)", "S(1),S(2)", (5, 3, 7), "existing", "variant=split_all_to_all(1: a, 2: b)"),
+    (
+        (2, 3),
+        ["a+b"],
+        "S(0),S(0)",
+        "S(1),S(2)",
+        (5, 3, 7),
+        "existing",
+        "variant=split_all_to_all(1: a, 2: b)",
+    ),
     ((2, 3), ["a+b"], "P(avg),P", "R,R", (8, 4), "existing", "avg_scale=2"),
     ((2, 2), ["a+b"], "P,P(avg)", "S(0),S(0)", (5, 3), "existing", "avg_scale=2"),
 ]
@@ -110,8 +120,11 @@ def test_generated_plans_round_trip(sizes, data):
 def test_mesh_facts_round_trip():
     # a column-major mesh with a backend, a flattened group given by layout, unnamed dims
     spec = redist_opt.MeshSpec(
-        (2, 4), None, flattened=(L.FlatLayout((4, 2), (2, 1)),),
-        dim_layouts=(L.FlatLayout((2,), (1,)), L.FlatLayout((4,), (2,))), backend="gloo",
+        (2, 4),
+        None,
+        flattened=(L.FlatLayout((4, 2), (2, 1)),),
+        dim_layouts=(L.FlatLayout((2,), (1,)), L.FlatLayout((4,), (2,))),
+        backend="gloo",
     )
     p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(5, 7))
     text = format_ir(p)

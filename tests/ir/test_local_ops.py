@@ -42,7 +42,7 @@ CASES = [
     ("unpad_nested_uneven", "unpad_nested", (12, 2), (0, 7, (2, 3)), False),
     ("unpad_nested_even", "unpad_nested", (12, 2), (0, 12, (2, 3)), False),
     ("divide_int", "divide", (3, Ch(5, 3, c1)), (4,), False),
-    ("divide_float", "divide", (3, 4), (3 ** 0.5,), True),
+    ("divide_float", "divide", (3, 4), (3**0.5,), True),
     ("power", "power", (Ch(5, 2, c0), 3), (2,), False),
     ("power_float", "power", (3, 3), (3.0,), False),
     ("root", "root", (3, Ch(4, 3, c1)), (2,), False),
@@ -107,13 +107,18 @@ def test_eager_equals_lowered_graph_at_every_coordinate(case, with_fake_val):
             assert (tuple(val.shape), val.stride()) == (want, eager.stride()), coord
 
 
-
 def test_eager_ops_with_rank_ints_call_no_sympy():
     """The eager entry point is for per-rank executables: ints in, no sympy on the way."""
     sympy_dir = sympy.__file__.rsplit("/", 1)[0]
     calls = []
-    runs = [(name, _input([sym.evaluate(sym.as_expr(s), (1, 2)) for s in shape], t, 0),
-             rank_params(params, (1, 2))) for _, name, shape, params, t in CASES]
+    runs = [
+        (
+            name,
+            _input([sym.evaluate(sym.as_expr(s), (1, 2)) for s in shape], t, 0),
+            rank_params(params, (1, 2)),
+        )
+        for _, name, shape, params, t in CASES
+    ]
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_filename.startswith(sympy_dir):

@@ -60,8 +60,12 @@ def _ours(spec: MeshSpec, src, dst, shape, coords: dict) -> list | str:
     except Exception as e:  # noqa: BLE001 - compared with torch's refusal
         return f"refused ({type(e).__name__})"
     return [
-        (s.mesh_dims, pstr(s.src), pstr(s.dst),
-         {r: tuple(sym.evaluate(x, c) for x in s.logical_shape) for r, c in coords.items()})
+        (
+            s.mesh_dims,
+            pstr(s.src),
+            pstr(s.dst),
+            {r: tuple(sym.evaluate(x, c) for x in s.logical_shape) for r, c in coords.items()},
+        )
         for s in steps
     ]
 
@@ -80,8 +84,9 @@ def _torch(mesh, src, dst, shape, coords: dict) -> list | str:
 def _describe(steps) -> str:
     if isinstance(steps, str):
         return steps
-    return "; ".join(f"{dims}: {a} -> {b} logical {sorted(set(per_rank.values()))}"
-                     for dims, a, b, per_rank in steps)
+    return "; ".join(
+        f"{dims}: {a} -> {b} logical {sorted(set(per_rank.values()))}" for dims, a, b, per_rank in steps
+    )
 
 
 @pytest.mark.parametrize(
@@ -101,8 +106,10 @@ def test_greedy_steps_match_torchs_planner(group, mesh_name):
             ours = _ours(spec, src_p, dst_p, shape, coords)
             theirs = _torch(mesh, src_p, dst_p, shape, coords)
             if ours != theirs and not (isinstance(ours, str) and isinstance(theirs, str)):
-                differ.append(f"{','.join(src)} -> {','.join(dst)} shape {shape}:\n"
-                              f"    ours  {_describe(ours)}\n    torch {_describe(theirs)}")
+                differ.append(
+                    f"{','.join(src)} -> {','.join(dst)} shape {shape}:\n"
+                    f"    ours  {_describe(ours)}\n    torch {_describe(theirs)}"
+                )
     assert not differ, f"{len(differ)} of {len(CASES[group, mesh_name])} cases differ:\n" + "\n".join(differ)
 
 
@@ -144,8 +151,12 @@ def test_strided_steps_match_torchs_graph_based_planner(sizes, src, dst, length)
         mesh = init_device_mesh("cpu", sizes)
         theirs = _torch(mesh, src_p, dst_p, shape, coords)
     ours = [
-        (s.mesh_dims, pstr(s.src), pstr(s.dst),
-         {r: tuple(sym.evaluate(x, c) for x in s.logical_shape) for r, c in coords.items()})
+        (
+            s.mesh_dims,
+            pstr(s.src),
+            pstr(s.dst),
+            {r: tuple(sym.evaluate(x, c) for x in s.logical_shape) for r, c in coords.items()},
+        )
         for s in strided_steps(spec, src_p, dst_p, shape)
     ]
     assert ours == theirs, f"\n    ours  {_describe(ours)}\n    torch {_describe(theirs)}"

@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 import torch
-from support.meshes import ensure_fake_pg
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.meshes import ensure_fake_pg
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -55,7 +55,9 @@ def _norm_input(lm, mesh, p, shape, placements, seed):
     local = distribute_tensor(lm.rank_map(lambda r: g.clone()), mesh, base, src_data_rank=None).to_local()
     per_rank = local._local_tensors
     lt = lm.rank_map(lambda r: per_rank[r] + noise[r][tuple(slice(0, n) for n in per_rank[r].shape)])
-    return DTensor.from_local(lt, mesh, placements, run_check=False, shape=torch.Size(shape), stride=g.stride())
+    return DTensor.from_local(
+        lt, mesh, placements, run_check=False, shape=torch.Size(shape), stride=g.stride()
+    )
 
 
 def _redistribute(dt, dst):
@@ -68,7 +70,9 @@ def _redistribute(dt, dst):
         spec = dt._spec
         target = DTensorSpec(spec.mesh, tuple(dst), tensor_meta=spec.tensor_meta)
         local = torch_redistribute.redistribute_local_tensor(dt._local_tensor, spec, target)
-        return DTensor.from_local(local, dt.device_mesh, dst, run_check=False, shape=dt.shape, stride=dt.stride())
+        return DTensor.from_local(
+            local, dt.device_mesh, dst, run_check=False, shape=dt.shape, stride=dt.stride()
+        )
     return dt.redistribute(dt.device_mesh, dst)
 
 
@@ -104,8 +108,11 @@ def check_norm(mesh_shape, flatten, p, src, dst, shape, seed=0):
 
 
 def _norm(p):
-    return placement_str(_NormPartial(p)) if p not in (0, math.inf, -math.inf) else {
-        0: "P", math.inf: "P(max)", -math.inf: "P(min)"}[p]
+    return (
+        placement_str(_NormPartial(p))
+        if p not in (0, math.inf, -math.inf)
+        else {0: "P", math.inf: "P(max)", -math.inf: "P(min)"}[p]
+    )
 
 
 # -- text form and normalisation ----------------------------------------------------
@@ -155,8 +162,14 @@ _CASES = [
 
 
 @pytest.mark.parametrize("p", PS, ids=lambda p: f"p={p}")
-@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}{'-flat' if c[1] else ''}-"
-                         f"{','.join(c[2])}_to_{','.join(c[3])}-{'x'.join(map(str, c[4]))}")
+@pytest.mark.parametrize(
+    "case",
+    _CASES,
+    ids=lambda c: (
+        f"{'x'.join(map(str, c[0]))}{'-flat' if c[1] else ''}-"
+        f"{','.join(c[2])}_to_{','.join(c[3])}-{'x'.join(map(str, c[4]))}"
+    ),
+)
 def test_norm_partial_against_torch(case, p):
     mesh_shape, flatten, src, dst, shape = case
     n = _norm(p)
@@ -174,7 +187,9 @@ def test_merged_norm_issues_one_all_reduce_on_flattened_group():
 @given(
     p=st.sampled_from(PS),
     shape=st.tuples(st.integers(1, 7), st.integers(1, 4)),
-    dst=st.tuples(st.sampled_from(["R", "S(0)", "S(1)", "{n}"]), st.sampled_from(["R", "S(0)", "S(1)", "{n}"])),
+    dst=st.tuples(
+        st.sampled_from(["R", "S(0)", "S(1)", "{n}"]), st.sampled_from(["R", "S(0)", "S(1)", "{n}"])
+    ),
     flatten=st.booleans(),
 )
 def test_norm_partial_property(p, shape, dst, flatten):
@@ -262,7 +277,9 @@ def _embedding(enabled, output=None):
         with lm.disable():
             weight = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
         emb.weight = torch.nn.Parameter(lm.rank_map(lambda r: weight.clone()))
-        parallelize_module(emb, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=output or Replicate()))
+        parallelize_module(
+            emb, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=output or Replicate())
+        )
         idx = lm.rank_map(lambda r: torch.tensor([[0, 3, 9, 4, 1], [5, 7, 2, 8, 6]]))
         with CommDebugMode() as cdm, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")

@@ -75,9 +75,13 @@ def check(mesh_shape, names, flatten, src, dst, shape, *, fsdp_layout=False, exp
         with lm.disable():
             x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
         if fsdp_layout:  # FSDP2: chunk the TP shard by dp (shard order tp, dp)
-            tp_local = distribute_tensor(x, mesh[names[-1]], [Shard(src[-1].dim)], src_data_rank=None).to_local()
+            tp_local = distribute_tensor(
+                x, mesh[names[-1]], [Shard(src[-1].dim)], src_data_rank=None
+            ).to_local()
             coord = mesh.get_coordinate()[-2]
-            local = lm.rank_map(lambda r: _chunk(tp_local._local_tensors[r], mesh_shape[-2], src[-1].dim, coord, r))
+            local = lm.rank_map(
+                lambda r: _chunk(tp_local._local_tensors[r], mesh_shape[-2], src[-1].dim, coord, r)
+            )
             dt = DTensor.from_local(local, mesh, src, run_check=False, shape=x.shape, stride=x.stride())
         else:
             dt = distribute_tensor(x, mesh, src, src_data_rank=None)
@@ -118,8 +122,10 @@ _CASES = [
 
 def _id(c):
     mesh, _, flat, src, dst, shape = c
-    return (f"{'x'.join(map(str, mesh))}{'-' + '+'.join(flat) if flat else ''}-"
-            f"{','.join(map(str, src))}_to_{','.join(map(str, dst))}-{'x'.join(map(str, shape))}")
+    return (
+        f"{'x'.join(map(str, mesh))}{'-' + '+'.join(flat) if flat else ''}-"
+        f"{','.join(map(str, src))}_to_{','.join(map(str, dst))}-{'x'.join(map(str, shape))}"
+    )
 
 
 @pytest.mark.parametrize("case", _CASES, ids=_id)
@@ -135,7 +141,10 @@ def test_fsdp2_layout_against_torch(case):
 def test_checkpoint_gather_is_one_all_gather_with_the_dp_tp_group():
     assert check((2, 2), ("dp", "tp"), ("dp", "tp"), [SS(0, 2), Shard(0)], [R, R], (8, 4)) == (2, 1)
     assert check((2, 2), ("dp", "tp"), None, [SS(0, 2), Shard(0)], [R, R], (8, 4)) == (2, 2)
-    assert check((2, 2, 2), ("dr", "dp", "tp"), ("dp", "tp"), [R, SS(0, 2), Shard(0)], [R, R, R], (8, 4)) == (2, 1)
+    assert check((2, 2, 2), ("dr", "dp", "tp"), ("dp", "tp"), [R, SS(0, 2), Shard(0)], [R, R, R], (8, 4)) == (
+        2,
+        1,
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,7 +190,9 @@ def test_full_tensor_of_fsdp2_tp_param_issues_no_hand_back():
         tp_local = distribute_tensor(w, mesh["tp"], [Shard(0)], src_data_rank=None).to_local()
         coord = mesh.get_coordinate()[0]
         local = lm.rank_map(lambda r: _chunk(tp_local._local_tensors[r], 2, 0, coord, r))
-        param = DTensor.from_local(local, mesh, [SS(0, 2), Shard(0)], run_check=False, shape=w.shape, stride=w.stride())
+        param = DTensor.from_local(
+            local, mesh, [SS(0, 2), Shard(0)], run_check=False, shape=w.shape, stride=w.stride()
+        )
         with CommDebugMode() as torch_cdm:
             ref = param.full_tensor()
         with CommDebugMode() as cdm, redist_opt.enabled():

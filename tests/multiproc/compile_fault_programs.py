@@ -232,8 +232,12 @@ def compiled_for_any_rank(ctx) -> dict:
                 backend_module.run_graph_pass = real
     code = "\n----\n".join(codes)
     rounds = 0 if ctx.reference else comp.backend.agreement.rounds_asked
-    return {"y": y, "_code": torch.tensor(list(code.encode()), dtype=torch.uint8),
-            "_rounds": torch.tensor(list(str(rounds).encode()), dtype=torch.uint8), **comp.close()}
+    return {
+        "y": y,
+        "_code": torch.tensor(list(code.encode()), dtype=torch.uint8),
+        "_rounds": torch.tensor(list(str(rounds).encode()), dtype=torch.uint8),
+        **comp.close(),
+    }
 
 
 def _two_gathers(mesh):

@@ -97,14 +97,16 @@ def collectives_from_fr(trace: dict) -> tuple[list[Collective], bool]:
         if e.get("is_p2p"):
             continue
         name = e["process_group"][0]
-        out.append(Collective(
-            group=str(name),
-            seq=int(e["collective_seq_id"]),
-            op=str(e["profiling_name"]),
-            input_sizes=tuple(tuple(s) for s in e.get("input_sizes", ())),
-            output_sizes=tuple(tuple(s) for s in e.get("output_sizes", ())),
-            dtypes=tuple(e.get("input_dtypes", ())) + tuple(e.get("output_dtypes", ())),
-        ))
+        out.append(
+            Collective(
+                group=str(name),
+                seq=int(e["collective_seq_id"]),
+                op=str(e["profiling_name"]),
+                input_sizes=tuple(tuple(s) for s in e.get("input_sizes", ())),
+                output_sizes=tuple(tuple(s) for s in e.get("output_sizes", ())),
+                dtypes=tuple(e.get("input_dtypes", ())) + tuple(e.get("output_dtypes", ())),
+            )
+        )
     wrapped = bool(entries) and entries[0].get("record_id", 0) != 0
     return out, wrapped
 
@@ -124,18 +126,27 @@ def sequence_mismatches(reports: dict, *, compare_sizes: bool = True) -> list[st
         for name, (ranks, desc) in rep.groups.items():
             ranks = tuple(ranks)
             if name in members_of and members_of[name] != ranks:
-                problems.append(f"process group {name!r} has ranks {list(members_of[name])} on some ranks "
-                                f"and {list(ranks)} on rank {rank}")
+                problems.append(
+                    f"process group {name!r} has ranks {list(members_of[name])} on some ranks "
+                    f"and {list(ranks)} on rank {rank}"
+                )
             members_of.setdefault(name, ranks)
             desc_of.setdefault(name, desc)
         for c in rep.collectives:
             if c.group not in rep.groups:
-                problems.append(f"rank {rank} ran {c.describe()} in process group {c.group!r} whose ranks it "
-                                "did not report")
+                problems.append(
+                    f"rank {rank} ran {c.describe()} in process group {c.group!r} whose ranks it "
+                    "did not report"
+                )
     for name in sorted(members_of, key=lambda n: (len(n), n)):
-        seqs = {r: [c for c in reports[r].collectives if c.group == name]
-                for r in members_of[name] if r in reports}
-        label = f"process group {name!r} ({desc_of[name] or 'no description'}, ranks {list(members_of[name])})"
+        seqs = {
+            r: [c for c in reports[r].collectives if c.group == name]
+            for r in members_of[name]
+            if r in reports
+        }
+        label = (
+            f"process group {name!r} ({desc_of[name] or 'no description'}, ranks {list(members_of[name])})"
+        )
         for r, seq in seqs.items():
             ids = [c.seq for c in seq]
             if ids != list(range(ids[0], ids[0] + len(ids))) if ids else False:
@@ -160,8 +171,11 @@ def _first_difference(seqs: dict, compare_sizes: bool) -> str | None:
         if len(set(keys.values())) > 1:
             parts = []
             for r, c in at.items():
-                parts.append(f"rank {r} ran {c.describe()}" if c is not None
-                             else f"rank {r} ran nothing (its sequence ends after {len(seqs[r])})")
+                parts.append(
+                    f"rank {r} ran {c.describe()}"
+                    if c is not None
+                    else f"rank {r} ran nothing (its sequence ends after {len(seqs[r])})"
+                )
             return f"collective #{i + 1} differs: " + "; ".join(parts)
     return None
 
@@ -193,14 +207,18 @@ def output_mismatches(reports: dict) -> list[str]:
             try:
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
             except AssertionError as e:
-                out.append(f"rank {rank}: output {name!r} differs from the reference: {str(e).splitlines()[0]}")
+                out.append(
+                    f"rank {rank}: output {name!r} differs from the reference: {str(e).splitlines()[0]}"
+                )
     return out
 
 
 def worst_wait(reports: dict, names=None) -> float:
     """The longest ``ctx.section`` (of ``names``) over all ranks, in seconds."""
-    return max((s for rep in reports.values() for n, s in rep.sections.items()
-                if names is None or n in names), default=0.0)
+    return max(
+        (s for rep in reports.values() for n, s in rep.sections.items() if names is None or n in names),
+        default=0.0,
+    )
 
 
 def worst_agreement_wait(reports: dict) -> float:
@@ -208,8 +226,9 @@ def worst_agreement_wait(reports: dict) -> float:
     return max((s for rep in reports.values() for _, s in rep.agreement_waits), default=0.0)
 
 
-def assert_consistent(reports: dict, *, bound_s: float | None = None, outputs: bool = True,
-                      expect_ok: bool = True) -> None:
+def assert_consistent(
+    reports: dict, *, bound_s: float | None = None, outputs: bool = True, expect_ok: bool = True
+) -> None:
     """Raise AssertionError naming every problem: a rank not ok (when ``expect_ok``),
     mismatched collective sequences, a section over ``bound_s``, outputs off."""
     problems = []
@@ -298,9 +317,22 @@ def _write(path: str, report: RankReport) -> None:
     os.replace(tmp, path)
 
 
-def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple, options: dict,
-               env: dict, rank_env: dict, bound_s: float, pg_timeout_s: float, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE=str(FR_BUFFER_SIZE))
+def _rank_main(
+    rank: int,
+    program: Callable,
+    world: int,
+    port: int,
+    args: tuple,
+    options: dict,
+    env: dict,
+    rank_env: dict,
+    bound_s: float,
+    pg_timeout_s: float,
+    out_dir: str,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE=str(FR_BUFFER_SIZE)
+    )
     os.environ.update(env)
     os.environ.update(rank_env.get(rank, {}))
     import warnings
@@ -350,8 +382,9 @@ def _rank_main(rank: int, program: Callable, world: int, port: int, args: tuple,
     threading.Thread(target=watchdog, daemon=True).start()
     status = "error"
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=pg_timeout_s))
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout_s)
+        )
         deadline = time.monotonic() + bound_s
         report.reference = program(Context(rank, world, args, options, True, report.sections))
         t0 = time.monotonic()
@@ -373,9 +406,17 @@ def _wait_for_reports(out_dir: str, world: int, deadline: float) -> None:
         time.sleep(0.05)
 
 
-def run_program(program: Callable, world: int, *, args: tuple = (), options: dict | None = None,
-                env: dict | None = None, rank_env: dict | None = None, bound_s: float = 60.0,
-                pg_timeout_s: float | None = None) -> dict[int, RankReport]:
+def run_program(
+    program: Callable,
+    world: int,
+    *,
+    args: tuple = (),
+    options: dict | None = None,
+    env: dict | None = None,
+    rank_env: dict | None = None,
+    bound_s: float = 60.0,
+    pg_timeout_s: float | None = None,
+) -> dict[int, RankReport]:
     """Run ``program(ctx)`` (a module-level function) on ``world`` gloo ranks; {rank: report}.
 
     ``options``: what ``ctx.redistribution()`` passes to ``redist_opt.enabled``.
@@ -391,9 +432,21 @@ def run_program(program: Callable, world: int, *, args: tuple = (), options: dic
     with tempfile.TemporaryDirectory(prefix="fault_harness_") as out_dir:
         pc = mp.start_processes(
             _rank_main,
-            args=(program, world, get_free_port(), args, options or {}, env or {}, rank_env or {},
-                  bound_s, pg_timeout_s, out_dir),
-            nprocs=world, join=False, start_method="spawn",
+            args=(
+                program,
+                world,
+                get_free_port(),
+                args,
+                options or {},
+                env or {},
+                rank_env or {},
+                bound_s,
+                pg_timeout_s,
+                out_dir,
+            ),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + _STARTUP_S + bound_s + _KILL_GRACE_S
         for p in pc.processes:
@@ -409,7 +462,9 @@ def run_program(program: Callable, world: int, *, args: tuple = (), options: dic
                 with open(path, "rb") as f:
                     rep = pickle.load(f)
             else:
-                rep = RankReport(rank, "died", error=f"rank {rank} exited with code {p.exitcode} without a report")
+                rep = RankReport(
+                    rank, "died", error=f"rank {rank} exited with code {p.exitcode} without a report"
+                )
             rep.exitcode = p.exitcode
             stacks = os.path.join(out_dir, f"rank{rank}.stacks")
             if rep.status in ("hung", "died") and os.path.exists(stacks):

@@ -54,6 +54,7 @@ def group_creation_fails_on_rank_1(ctx):
 
     mesh = init_device_mesh("cpu", (2, 2, 2))
     if not ctx.reference and ctx.rank == 1:
+
         def refuse(*args, **kwargs):
             raise RuntimeError("injected: this rank cannot create a communicator")
 
@@ -78,8 +79,12 @@ def stages_run_different_programs(ctx):
                 x = _partial_input(stage, [Partial(), Partial()])
                 out["stage"] = x.redistribute(stage, [Replicate(), Replicate()]).to_local()
             else:
-                x = DTensor.from_local(torch.arange(6.0).reshape(2, 3) + dist.get_rank(), stage,
-                                       [Shard(0), Replicate()], run_check=False)
+                x = DTensor.from_local(
+                    torch.arange(6.0).reshape(2, 3) + dist.get_rank(),
+                    stage,
+                    [Shard(0), Replicate()],
+                    run_check=False,
+                )
                 out["stage"] = x.redistribute(stage, [Replicate(), Replicate()]).to_local()
     if not ctx.reference:  # the reference run's flatten is cached: the optimized run's is new
         with ctx.section("world"):

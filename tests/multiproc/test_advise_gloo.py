@@ -96,13 +96,19 @@ def test_cli_advises_from_the_saved_recording(gloo_run, tmp_path, capsys):
     svg = tmp_path / "advice.svg"
     # the installed entry point once (JSON, a profile file, the SVG) ...
     cmd = [sys.executable, "-m", "redist_opt", "advise", str(step), "--max-new-groups", "1"]
-    out = subprocess.run(cmd + ["--profile", str(profile), "--format", "json", "--svg", str(svg)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        cmd + ["--profile", str(profile), "--format", "json", "--svg", str(svg)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert [g["code"] for g in data["groups"]] == head["flatten_lines"]
     assert data["total"] == head["advice"]["total"] and data["sites"] == head["advice"]["sites"]
-    assert svg.read_text().startswith("<?xml") and svg.read_text().count('class="advised"') == len(data["sites"]) + 1
+    assert (
+        svg.read_text().startswith("<?xml")
+        and svg.read_text().count('class="advised"') == len(data["sites"]) + 1
+    )
     # ... and the text report in-process (a built-in profile name)
     assert cli_main(["advise", str(step), "--max-new-groups", "1", "--profile", "nccl"]) == 0
     text = capsys.readouterr().out

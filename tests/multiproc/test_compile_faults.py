@@ -67,7 +67,9 @@ def test_a_lone_recompile_of_a_chain_of_unknown_origin_runs_the_others_collectiv
     explain = run["texts"][0]["_explain"]
     first, again = explain.split("\n----\n")[:2]
     assert "all_reduce(tp) => reduce_scatter(tp): rewritten" in first, first
-    assert "reduce_scatter(tp): rewritten" in again and "an earlier round of the same chain agreed" in again, again
+    assert (
+        "reduce_scatter(tp): rewritten" in again and "an earlier round of the same chain agreed" in again
+    ), again
 
 
 def test_compile_orders_that_differ_give_every_rank_the_same_collectives():

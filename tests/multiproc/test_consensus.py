@@ -76,9 +76,11 @@ def test_rounds_of_a_topic_are_counted_per_process(ranks_as_threads):
 
 
 def test_different_profiles_are_named_with_their_ranks():
-    facts = {0: ("REDIST_OPT_COST_PROFILE=nccl", "aaaaaaaa11", None),
-             1: ("REDIST_OPT_COST_PROFILE=gloo", "bbbbbbbb22", None),
-             2: ("REDIST_OPT_COST_PROFILE=nccl", "aaaaaaaa11", None)}
+    facts = {
+        0: ("REDIST_OPT_COST_PROFILE=nccl", "aaaaaaaa11", None),
+        1: ("REDIST_OPT_COST_PROFILE=gloo", "bbbbbbbb22", None),
+        2: ("REDIST_OPT_COST_PROFILE=nccl", "aaaaaaaa11", None),
+    }
     with pytest.raises(consensus.AgreementError) as info:
         consensus._raise_if_different(facts)
     msg = str(info.value)
@@ -91,8 +93,11 @@ def test_different_profiles_are_named_with_their_ranks():
 
 def test_a_rank_that_cannot_read_its_profile_is_named():
     facts = {0: ("mesh backend gloo", "aaaa", None), 1: (None, None, "cannot read the cost profile: gone")}
-    with pytest.raises(consensus.AgreementError, match=r"rank\(s\) \[1\] cannot resolve the cost profile "
-                                                       r"\(rank 1: cannot read the cost profile: gone\)"):
+    with pytest.raises(
+        consensus.AgreementError,
+        match=r"rank\(s\) \[1\] cannot resolve the cost profile "
+        r"\(rank 1: cannot read the cost profile: gone\)",
+    ):
         consensus._raise_if_different(facts)
 
 

@@ -16,7 +16,10 @@ import fault_programs
 import pytest
 import torch.distributed as dist
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo"),
+]
 
 WORLD = 8
 PG_TIMEOUT_S = 10.0  # the default group's timeout: the agreement bound
@@ -31,8 +34,10 @@ def _run(program, **kw):
     kw.setdefault("env", NCCL)
     reps = fh.run_program(program, WORLD, bound_s=BUDGET_S, pg_timeout_s=PG_TIMEOUT_S, **kw)
     # the numbers docs/faults.md reports (`-s` shows them)
-    print(f"\n{program.__name__} {kw.get('args', '')}: worst agreement round "
-          f"{fh.worst_agreement_wait(reps):.2f} s, worst section {fh.worst_wait(reps):.2f} s (T = {PG_TIMEOUT_S:g} s)")
+    print(
+        f"\n{program.__name__} {kw.get('args', '')}: worst agreement round "
+        f"{fh.worst_agreement_wait(reps):.2f} s, worst section {fh.worst_wait(reps):.2f} s (T = {PG_TIMEOUT_S:g} s)"
+    )
     return reps
 
 
@@ -92,10 +97,12 @@ def test_ranks_with_different_cost_profiles(rank_1_profile):
     # naming the setting and the ranks, before any collective of the optimized run.
     reps = _run(fault_programs.profile_differs, rank_env={1: {"REDIST_OPT_COST_PROFILE": rank_1_profile}})
     if rank_1_profile == "gloo":
-        _assert_every_rank_raised(reps, "ranks [0, 2, 3, 4, 5, 6, 7] plan with REDIST_OPT_COST_PROFILE=nccl",
-                                  "ranks [1] plan with REDIST_OPT_COST_PROFILE=gloo")
+        _assert_every_rank_raised(
+            reps,
+            "ranks [0, 2, 3, 4, 5, 6, 7] plan with REDIST_OPT_COST_PROFILE=nccl",
+            "ranks [1] plan with REDIST_OPT_COST_PROFILE=gloo",
+        )
     else:
         _assert_every_rank_raised(reps, "rank(s) [1] cannot resolve the cost profile", rank_1_profile)
     assert fh.sequence_mismatches(reps) == []
     assert fh.worst_agreement_wait(reps) <= PG_TIMEOUT_S + SLACK_S
-

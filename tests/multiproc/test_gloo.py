@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from support import gloo_worker
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support import gloo_worker
 from torch.distributed.elastic.utils.distributed import get_free_port
 
 TIMEOUT_S = 300
@@ -35,9 +35,7 @@ def spawn_and_join(worker, nprocs: int, timeout_s: float = TIMEOUT_S) -> None:
         while not ctx.join(timeout=2):
             if time.monotonic() > deadline:
                 alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
-                pytest.fail(
-                    f"gloo run did not finish within {timeout_s}s (ranks still running: {alive})"
-                )
+                pytest.fail(f"gloo run did not finish within {timeout_s}s (ranks still running: {alive})")
     finally:
         for p in ctx.processes:
             if p.is_alive():

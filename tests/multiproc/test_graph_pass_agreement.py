@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from support import agreement_programs as A
+
 from redist_opt.graph.agreement import AGREEMENT_TIMEOUT_S
 from redist_opt.tools.spawn import run_ranks
 
-pytestmark = pytest.mark.xdist_group("graph_pass_agreement")  # the recompile and stages fixtures: 4 gloo ranks each
+pytestmark = pytest.mark.xdist_group(
+    "graph_pass_agreement"
+)  # the recompile and stages fixtures: 4 gloo ranks each
 
 # A round that completes waits only for the other ranks to reach it: under load on a
 # small machine that can take a moment, but never the timeout.

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from support import graph_pass_programs as P
+
 from redist_opt.tools.spawn import run_ranks
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("graph_pass_gloo")]  # compiles programs on 8 and on 4 gloo ranks
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("graph_pass_gloo"),
+]  # compiles programs on 8 and on 4 gloo ranks
 
 
 @pytest.fixture(scope="module")

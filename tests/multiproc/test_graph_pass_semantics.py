@@ -10,11 +10,14 @@ outputs (and gradients) with the uncompiled program's; see ``semantic_programs``
 from __future__ import annotations
 
 import pytest
-
 from support import semantic_programs as S
+
 from redist_opt.tools.spawn import run_ranks
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("graph_pass_semantics")]  # about 3 min on 2 busy cores: 4 gloo ranks, shared by the runs fixture
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("graph_pass_semantics"),
+]  # about 3 min on 2 busy cores: 4 gloo ranks, shared by the runs fixture
 
 
 @pytest.fixture(scope="module")

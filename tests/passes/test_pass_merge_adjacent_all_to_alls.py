@@ -101,16 +101,21 @@ return %narrow_3
 class TestMergeAdjacentAllToAlls(expecttest.TestCase):
     def test_two_all_to_alls_become_one(self):
         # dim 1 split by a, dim 2 by b, cat dim 0
-        self.assertExpectedInline(run_pass(TWO_ALL_TO_ALLS, P), """\
+        self.assertExpectedInline(
+            run_pass(TWO_ALL_TO_ALLS, P),
+            """\
 redistribute [S(0), S(0)] -> [S(1), S(2)] on mesh (a=2,b=2), shape (8, 8, 8), float32
 mesh flattened=[a+b]
 %x : (2, 8, 8)
 step 1 over a+b: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(1: a, 2: b)
   %all_to_all = all_to_all(%x, {a+b 4:1}, ((1, 2), (2, 2)), 0) : (8, 4, 4)  # <- %all_to_all, %all_to_all_1
-return %all_to_all""")
+return %all_to_all""",
+        )
 
     def test_uneven_all_three_dims(self):
-        self.assertExpectedInline(run_pass(TWO_ALL_TO_ALLS_UNEVEN, P), """\
+        self.assertExpectedInline(
+            run_pass(TWO_ALL_TO_ALLS_UNEVEN, P),
+            """\
 redistribute [S(0), S(0)] -> [S(1), S(2)] on mesh (a=2,b=3), shape (5, 3, 7), float32
 mesh flattened=[a+b]
 %x : (chunk(chunk(5,2,c_a),3,c_b), 3, 7)
@@ -122,31 +127,50 @@ step 1 over a+b: S(0) -> S(1), logical=(5, 3, 7), variant=split_all_to_all(1: a,
   %unpad_nested = unpad_nested(%all_to_all, 0, 5, (2, 3)) : (5, 2, 3)  # <- %all_to_all, %all_to_all_1
   %narrow = narrow(%unpad_nested, 1, 0, chunk(3,2,c_a)) : (5, chunk(3,2,c_a), 3)  # <- %all_to_all, %all_to_all_1
   %narrow_1 = narrow(%narrow, 2, 0, chunk(7,3,c_b)) : (5, chunk(3,2,c_a), chunk(7,3,c_b))  # <- %all_to_all, %all_to_all_1
-return %narrow_1""")
+return %narrow_1""",
+        )
 
     def test_inner_dims_of_a_3d_mesh(self):
-        self.assertExpectedInline(run_pass(INNER_DIMS_OF_3D, P), """\
+        self.assertExpectedInline(
+            run_pass(INNER_DIMS_OF_3D, P),
+            """\
 redistribute [R, S(0), S(0)] -> [R, S(1), S(2)] on mesh (a=2,b=2,c=2), shape (8, 8, 8), float32
 mesh flattened=[b+c]
 %x : (2, 8, 8)
 step 1 over b+c: S(0) -> S(1), logical=(8, 8, 8), variant=split_all_to_all(1: b, 2: c)
   %all_to_all = all_to_all(%x, {b+c 4:1}, ((1, 2), (2, 2)), 0) : (8, 4, 4)  # <- %all_to_all, %all_to_all_1
-return %all_to_all""")
+return %all_to_all""",
+        )
 
     def test_no_group_not_transformed(self):
-        self.assertExpectedInline(assert_not_transformed(NO_GROUP, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: no process group has layout 4:1 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(NO_GROUP, P),
+            """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: no process group has layout 4:1 (groups=existing)""",
+        )
 
     def test_split_dim_is_the_other_cat_dim_not_transformed(self):
         # condition 1
-        self.assertExpectedInline(assert_not_transformed(CHAINED_DIMS, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: they do not cat one tensor dim and split two others""")
+        self.assertExpectedInline(
+            assert_not_transformed(CHAINED_DIMS, P),
+            """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: they do not cat one tensor dim and split two others""",
+        )
 
     def test_only_other_groups_not_transformed(self):
         # condition 3: a+c exists, the a+b group the merge needs does not
-        self.assertExpectedInline(assert_not_transformed(ONLY_AC_EXISTS, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: no process group has layout 4:2 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(ONLY_AC_EXISTS, P),
+            """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: no process group has layout 4:2 (groups=existing)""",
+        )
 
     def test_padding_not_transformed(self):
         # condition 5
-        self.assertExpectedInline(assert_not_transformed(TINY, P), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""")
+        self.assertExpectedInline(
+            assert_not_transformed(TINY, P),
+            """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""",
+        )
 
     def test_consistency_ignores_cost_not_padding_not_transformed(self):
-        self.assertExpectedInline(assert_not_transformed(TINY, P, prefer="consistency"), """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""")
+        self.assertExpectedInline(
+            assert_not_transformed(TINY, P, prefer="consistency"),
+            """[merge-adjacent-all-to-alls] all_to_all(b) + all_to_all(a): not merged: padding: one all_to_all is fed 24 B vs 20 B""",
+        )

@@ -164,16 +164,21 @@ return %select_chunk
 
 class TestMergeAllToAlls(expecttest.TestCase):
     def test_gather_a2a_chunk_becomes_one_all_to_all(self):
-        self.assertExpectedInline(run_pass(GATHER_THEN_ALL_TO_ALL, P), """\
+        self.assertExpectedInline(
+            run_pass(GATHER_THEN_ALL_TO_ALL, P),
+            """\
 redistribute [S(0), S(0)] -> [S(1), S(1)] on mesh (a=2,b=2), shape (8, 8), float32
 mesh flattened=[a+b]
 %x : (2, 8)
 step 1 over a+b: S(0) -> S(1), logical=(8, 8)
   %all_to_all = all_to_all(%x, {a+b 4:1}, 1, 0) : (8, 2)  # <- %all_gather, %all_to_all
-return %all_to_all""")
+return %all_to_all""",
+        )
 
     def test_uneven_both_dims(self):
-        self.assertExpectedInline(run_pass(GATHER_THEN_ALL_TO_ALL_UNEVEN, P), """\
+        self.assertExpectedInline(
+            run_pass(GATHER_THEN_ALL_TO_ALL_UNEVEN, P),
+            """\
 redistribute [S(0), S(0)] -> [S(1), S(1)] on mesh (a=2,b=2), shape (5, 3), float32
 mesh flattened=[a+b]
 %x : (chunk(chunk(5,2,c_a),2,c_b), 3)
@@ -183,36 +188,48 @@ step 1 over a+b: S(0) -> S(1), logical=(5, 3)
   %all_to_all = all_to_all(%pad_nested, {a+b 4:1}, 1, 0) : (8, 1)  # <- %all_gather, %all_to_all
   %unpad_nested = unpad_nested(%all_to_all, 0, 5, (2, 2)) : (5, 1)  # <- %all_gather, %all_to_all
   %narrow = narrow(%unpad_nested, 1, 0, chunk(chunk(3,2,c_a),2,c_b)) : (5, chunk(chunk(3,2,c_a),2,c_b))  # <- %all_gather, %all_to_all
-return %narrow""")
+return %narrow""",
+        )
 
     def test_no_group_not_transformed(self):
-        self.assertExpectedInline(assert_not_transformed(NO_GROUP, P), """[merge-all-to-alls] all_gather(b) + all_to_all(a) + chunk(b): not merged: no process group has layout 4:1 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(NO_GROUP, P),
+            """[merge-all-to-alls] all_gather(b) + all_to_all(a) + chunk(b): not merged: no process group has layout 4:1 (groups=existing)""",
+        )
 
     def test_single_all_to_all_not_transformed(self):
         self.assertExpectedInline(assert_not_transformed(SINGLE_ALL_TO_ALL, P), """""")
 
     def test_deep_chain_becomes_one_all_to_all(self):
         after = run_pass(DEEP_CHAIN, P)
-        self.assertExpectedInline(after, """\
+        self.assertExpectedInline(
+            after,
+            """\
 redistribute [S(1), S(1), S(1), S(1)] -> [S(1), S(0), S(0), S(0)] on mesh (a=2,b=2,c=2,d=2), shape (8, 16, 2), float32
 mesh flattened=[b+c+d]
 %x : (8, 1, 2)
 step 2 over b+c+d: S(1) -> S(0), logical=(8, 8, 2)
   %all_to_all = all_to_all(%x, {b+c+d 8:1}, 0, 1) : (1, 8, 2)  # <- %all_gather, %all_gather_1, %all_to_all
-return %all_to_all""")
+return %all_to_all""",
+        )
         assert parse_ir(after).bytes_per_rank < parse_ir(DEEP_CHAIN).bytes_per_rank
 
     def test_deep_chain_after_merged_gathers(self):
-        self.assertExpectedInline(run_pass(DEEP_CHAIN_GATHERS_MERGED, P), """\
+        self.assertExpectedInline(
+            run_pass(DEEP_CHAIN_GATHERS_MERGED, P),
+            """\
 redistribute [S(1), S(1), S(1), S(1)] -> [S(1), S(0), S(0), S(0)] on mesh (a=2,b=2,c=2,d=2), shape (8, 16, 2), float32
 mesh flattened=[b+c+d, c+d]
 %x : (8, 1, 2)
 step 2 over b+c+d: S(1) -> S(0), logical=(8, 8, 2)
   %all_to_all = all_to_all(%x, {b+c+d 8:1}, 0, 1) : (1, 8, 2)  # <- %all_gather, %all_gather_1, %all_to_all
-return %all_to_all""")
+return %all_to_all""",
+        )
 
     def test_deep_chain_uneven(self):
-        self.assertExpectedInline(run_pass(DEEP_CHAIN_UNEVEN, P), """\
+        self.assertExpectedInline(
+            run_pass(DEEP_CHAIN_UNEVEN, P),
+            """\
 redistribute [S(1), S(1), S(1), S(1)] -> [S(1), S(0), S(0), S(0)] on mesh (a=2,b=2,c=2,d=2), shape (5, 7, 3), float32
 mesh flattened=[b+c+d]
 %x : (5, chunk(chunk(chunk(chunk(7,2,c_a),2,c_b),2,c_c),2,c_d), 3)
@@ -222,11 +239,14 @@ step 2 over b+c+d: S(1) -> S(0), logical=(5, chunk(7,2,c_a), 3)
   %all_to_all = all_to_all(%pad_nested, {b+c+d 8:1}, 0, 1) : (1, 8*ceildiv(ceildiv(ceildiv(chunk(7,2,c_a),2),2),2), 3)  # <- %all_gather, %all_gather_1, %all_to_all
   %unpad_nested = unpad_nested(%all_to_all, 1, chunk(7,2,c_a), (2, 2, 2)) : (1, chunk(7,2,c_a), 3)  # <- %all_gather, %all_gather_1, %all_to_all
   %narrow = narrow(%unpad_nested, 0, 0, chunk(chunk(chunk(5,2,c_b),2,c_c),2,c_d)) : (chunk(chunk(chunk(5,2,c_b),2,c_c),2,c_d), chunk(7,2,c_a), 3)  # <- %all_gather, %all_gather_1, %all_to_all
-return %narrow""")
+return %narrow""",
+        )
 
     def test_deep_chain_part_when_only_a_smaller_group_exists(self):
         # condition 1 (nearest gathers first) + 3: only b+c: all_gather(d) + all_to_all(b+c); chunk(d) stays
-        self.assertExpectedInline(run_pass(DEEP_CHAIN_BC_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(DEEP_CHAIN_BC_EXISTS, P),
+            """\
 redistribute [S(1), S(1), S(1), S(1)] -> [S(1), S(0), S(0), S(0)] on mesh (a=2,b=2,c=2,d=2), shape (8, 16, 2), float32
 mesh flattened=[b+c]
 %x : (8, 1, 2)
@@ -236,18 +256,28 @@ step 2 over b+c: S(1) -> S(0), logical=(8, 8, 2)
   %all_to_all = all_to_all(%all_gather, {b+c 4:2}, 0, 1) : (2, 8, 2)  # <- %all_gather_1, %all_to_all
 step 4 over d: R -> S(0), logical=(8, 2, 2)
   %select_chunk = select_chunk(%all_to_all, 0, 2, c_d) : (1, 8, 2)
-return %select_chunk""")
-        self.assertExpectedInline(run_pass_notes(DEEP_CHAIN_BC_EXISTS, P), """\
+return %select_chunk""",
+        )
+        self.assertExpectedInline(
+            run_pass_notes(DEEP_CHAIN_BC_EXISTS, P),
+            """\
 [merge-all-to-alls] all_gather(d) + all_gather(c) + all_to_all(b) + chunk(c) + chunk(d): not merged: no process group has layout 8:1 (groups=existing)
-[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(c) -> all_to_all(b+c): merged: a process group with layout 4:2 exists""")
+[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(c) -> all_to_all(b+c): merged: a process group with layout 4:2 exists""",
+        )
 
     def test_deep_chain_no_group_not_transformed(self):
-        self.assertExpectedInline(assert_not_transformed(DEEP_CHAIN_NO_GROUP, P), """\
+        self.assertExpectedInline(
+            assert_not_transformed(DEEP_CHAIN_NO_GROUP, P),
+            """\
 [merge-all-to-alls] all_gather(d) + all_gather(c) + all_to_all(b) + chunk(c) + chunk(d): not merged: no process group has layout 8:1 (groups=existing)
-[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(c): not merged: no process group has layout 4:2 (groups=existing)""")
+[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(c): not merged: no process group has layout 4:2 (groups=existing)""",
+        )
 
     def test_deep_chain_chunks_over_other_dims_not_transformed(self):
         # condition 1
-        self.assertExpectedInline(assert_not_transformed(DEEP_CHAIN_CHUNK_OVER_D_ONLY, P), """\
+        self.assertExpectedInline(
+            assert_not_transformed(DEEP_CHAIN_CHUNK_OVER_D_ONLY, P),
+            """\
 [merge-all-to-alls] all_gather(d) + all_gather(c) + all_to_all(b) + chunk(d): not merged: the chunks are over mesh dims (3,), the gathers over (2, 3)
-[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(d): not merged: the chunks are over mesh dims (3,), the gathers over (2,)""")
+[merge-all-to-alls] all_gather(c) + all_to_all(b) + chunk(d): not merged: the chunks are over mesh dims (3,), the gathers over (2,)""",
+        )

@@ -12,8 +12,8 @@ from support.ir_text import assert_not_transformed, notes_of, run_pass, run_pass
 import redist_opt
 from redist_opt.ir import steps as S
 from redist_opt.ir.cost import CostModel
-from redist_opt.passes import MergeGathersAcrossDims, PassContext
 from redist_opt.ir.local_ops import run_local_op
+from redist_opt.passes import MergeGathersAcrossDims, PassContext
 
 P = MergeGathersAcrossDims
 
@@ -159,18 +159,26 @@ class TestMergeGathersAcrossDims(expecttest.TestCase):
 
     def test_fsdp_tp_weights_one_gather(self):
         # even: no padding
-        self.assertExpectedInline(run_pass(FSDP_TP, P, groups="create"), """\
+        self.assertExpectedInline(
+            run_pass(FSDP_TP, P, groups="create"),
+            """\
 redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (16, 16), float32
 %x : (8, 2)
 step 0 over a+b: S(0) -> R, logical=(16, 16), variant=gather_blocks(0: a, 1: b)
   %all_gather = all_gather(%x, {a+b 16:1}, 0) : (128, 2)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 16, 16) : (16, 16)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
-        self.assertExpectedInline(run_pass_notes(FSDP_TP, P, groups="create"), """[merge-gathers-across-dims] all_gather(b) + all_gather(a) -> all_gather(a+b): merged: groups=create creates 16:1; blocks reassembled locally (unpack_blocks)""")
+return %unpack_blocks""",
+        )
+        self.assertExpectedInline(
+            run_pass_notes(FSDP_TP, P, groups="create"),
+            """[merge-gathers-across-dims] all_gather(b) + all_gather(a) -> all_gather(a+b): merged: groups=create creates 16:1; blocks reassembled locally (unpack_blocks)""",
+        )
 
     def test_uneven_blocks_are_padded(self):
         # pad to ceil(5/2) rows and ceil(7/8) columns; unpack_blocks narrows every block
-        self.assertExpectedInline(run_pass(FSDP_TP_UNEVEN_AB_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(FSDP_TP_UNEVEN_AB_EXISTS, P),
+            """\
 redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (5, 7), float32
 mesh flattened=[a+b]
 %x : (chunk(5,2,c_a), chunk(7,8,c_b))
@@ -179,10 +187,13 @@ step 0 over a+b: S(0) -> R, logical=(5, 7), variant=gather_blocks(0: a, 1: b)
   %pad_to_1 = pad_to(%pad_to, 1, 1) : (3, 1)  # <- %all_gather, %all_gather_1
   %all_gather = all_gather(%pad_to_1, {a+b 16:1}, 0) : (48, 1)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 5, 7) : (5, 7)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
     def test_three_tensor_dims_and_a_nested_one(self):
-        self.assertExpectedInline(run_pass(NESTED_DIM_0, P, groups="create"), """\
+        self.assertExpectedInline(
+            run_pass(NESTED_DIM_0, P, groups="create"),
+            """\
 redistribute [S(0), S(1), S(0)] -> [R, R, R] on mesh (a=2,b=4,c=2), shape (9, 7), float32
 %x : (chunk(chunk(9,2,c_a),2,c_c), chunk(7,4,c_b))
 step 0 over a+b+c: S(0) -> R, logical=(9, 7), variant=gather_blocks(0: a+c, 1: b)
@@ -190,18 +201,24 @@ step 0 over a+b+c: S(0) -> R, logical=(9, 7), variant=gather_blocks(0: a+c, 1: b
   %pad_to_1 = pad_to(%pad_to, 1, 2) : (3, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
   %all_gather = all_gather(%pad_to_1, {a+b+c 16:1}, 0) : (48, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 4, 2), ((0, (0, 2)), (1, (1,))), 9, 7) : (9, 7)  # <- %all_gather, %all_gather_1, %all_gather_2
-return %unpack_blocks""")
-        self.assertExpectedInline(run_pass(THREE_TENSOR_DIMS, P, groups="create"), """\
+return %unpack_blocks""",
+        )
+        self.assertExpectedInline(
+            run_pass(THREE_TENSOR_DIMS, P, groups="create"),
+            """\
 redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
 %x : (2, 2, 2)
 step 0 over a+b+c: S(0) -> R, logical=(4, 4, 4), variant=gather_blocks(0: a, 1: b, 2: c)
   %all_gather = all_gather(%x, {a+b+c 8:1}, 0) : (16, 2, 2)  # <- %all_gather, %all_gather_1, %all_gather_2
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (0,)), (1, (1,)), (2, (2,))), 4, 4, 4) : (4, 4, 4)  # <- %all_gather, %all_gather_1, %all_gather_2
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
     def test_after_merge_all_gathers(self):
         # this pass fuses the merged dim-0 block with the dim-1 gather over a
-        self.assertExpectedInline(run_pass(GATHERS_OF_DIM_0_MERGED, P), """\
+        self.assertExpectedInline(
+            run_pass(GATHERS_OF_DIM_0_MERGED, P),
+            """\
 redistribute [S(1), S(0), S(0)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (6, 5), float32
 mesh flattened=[b+c, a+b+c]
 %x : (chunk(3,2,c_c), chunk(5,2,c_a))
@@ -210,11 +227,14 @@ step 0 over a+b+c: S(0) -> R, logical=(6, 5), variant=gather_blocks(0: b+c, 1: a
   %pad_to_1 = pad_to(%pad_to, 1, 3) : (2, 3)  # <- %all_gather, %all_gather_1
   %all_gather = all_gather(%pad_to_1, {a+b+c 8:1}, 0) : (16, 3)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2, 2), ((0, (1, 2)), (1, (0,))), 6, 5) : (6, 5)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
     def test_partial_run_merges_where_a_group_exists(self):
         # Only b+c exists: gathers of dims 2 and 1 merge, the gather of dim 0 over a stays.
-        self.assertExpectedInline(run_pass(THREE_TENSOR_DIMS_BC_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(THREE_TENSOR_DIMS_BC_EXISTS, P),
+            """\
 redistribute [S(0), S(1), S(2)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4, 4), float32
 mesh flattened=[b+c]
 %x : (2, 2, 2)
@@ -223,7 +243,8 @@ step 0 over b+c: S(1) -> R, logical=(2, 4, 4), variant=gather_blocks(1: b, 2: c)
   %unpack_blocks = unpack_blocks(%all_gather, 1, (2, 2), ((1, (0,)), (2, (1,))), 4, 4) : (2, 4, 4)  # <- %all_gather, %all_gather_1
 step 2 over a: S(0) -> R, logical=(4, 4, 4)
   %all_gather_1 = all_gather(%unpack_blocks, {a 2:4}, 0) : (4, 4, 4)
-return %all_gather_1""")
+return %all_gather_1""",
+        )
 
     # -- legality twins -------------------------------------------------------------------
 
@@ -237,53 +258,71 @@ return %all_gather_1""")
 
     def test_no_group_not_transformed(self):
         # Condition 3: groups="existing" and no communicator over a+b.
-        self.assertExpectedInline(assert_not_transformed(FSDP_TP, P), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: no process group has layout 16:1 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(FSDP_TP, P),
+            """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: no process group has layout 16:1 (groups=existing)""",
+        )
 
     def test_any_rank_order_serves(self):
         # Condition 3: a communicator named by the (b, a) layout serves as well; it ranks
         # its members by ascending global rank, i.e. a slowest, and unpack_blocks reads
         # the slots in that order.
-        self.assertExpectedInline(run_pass(BA_GROUP_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(BA_GROUP_EXISTS, P),
+            """\
 redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=2), shape (4, 6), float32
 mesh flattened=[(2,2):(1,2)]
 %x : (2, 3)
 step 0 over b+a: S(0) -> R, logical=(4, 6), variant=gather_blocks(0: a, 1: b)
   %all_gather = all_gather(%x, {b+a (2,2):(1,2)}, 0) : (8, 3)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 2), ((0, (0,)), (1, (1,))), 4, 6) : (4, 6)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
     def test_column_major_slots(self):
         # A communicator over a+b lists b slowest; the slots follow that order whatever
         # the group's layout.
-        self.assertExpectedInline(run_pass(COLUMN_MAJOR, P, groups="create"), """\
+        self.assertExpectedInline(
+            run_pass(COLUMN_MAJOR, P, groups="create"),
+            """\
 redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=4), shape (4, 8), float32
 mesh layouts=[2:1, 4:2]
 %x : (2, 2)
 step 0 over a+b: S(0) -> R, logical=(4, 8), variant=gather_blocks(0: a, 1: b)
   %all_gather = all_gather(%x, {a+b (2,4):(1,2)}, 0) : (16, 2)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (4, 2), ((0, (1,)), (1, (0,))), 4, 8) : (4, 8)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
     def test_interleaved_modes_not_transformed(self):
         # Condition 3: a communicator over both dims lists ranks 0..7, which no order of
         # whole dims gives.
-        self.assertExpectedInline(assert_not_transformed(INTERLEAVED, P, groups="create"), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""")
+        self.assertExpectedInline(
+            assert_not_transformed(INTERLEAVED, P, groups="create"),
+            """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""",
+        )
 
     def test_cost_can_refuse_not_transformed(self):
         # Condition 4: under the gloo profile (ring: 15 latency steps over 16 ranks against
         # 7 + 1) small gathers stay separate ...
         gloo = CostModel.profile("gloo")
-        self.assertExpectedInline(assert_not_transformed(FSDP_TP, P, groups="create", cost=gloo), """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""")
+        self.assertExpectedInline(
+            assert_not_transformed(FSDP_TP, P, groups="create", cost=gloo),
+            """[merge-gathers-across-dims] all_gather(b) + all_gather(a): not merged: separate collectives are cheaper under the cost model""",
+        )
 
     def test_default_profile_merges(self):
         # ... the default (tree) profile merges them.
-        self.assertExpectedInline(run_pass(FSDP_TP, P, groups="create", cost=CostModel.default()), """\
+        self.assertExpectedInline(
+            run_pass(FSDP_TP, P, groups="create", cost=CostModel.default()),
+            """\
 redistribute [S(0), S(1)] -> [R, R] on mesh (a=2,b=8), shape (16, 16), float32
 %x : (8, 2)
 step 0 over a+b: S(0) -> R, logical=(16, 16), variant=gather_blocks(0: a, 1: b)
   %all_gather = all_gather(%x, {a+b 16:1}, 0) : (128, 2)  # <- %all_gather, %all_gather_1
   %unpack_blocks = unpack_blocks(%all_gather, 0, (2, 8), ((0, (0,)), (1, (1,))), 16, 16) : (16, 16)  # <- %all_gather, %all_gather_1
-return %unpack_blocks""")
+return %unpack_blocks""",
+        )
 
 
 def test_misordered_shards_are_refused():
@@ -354,8 +393,10 @@ def test_acceptance_2x8_group_is_created():
     assert len(redist_opt.optimize(p).collectives()) == 2
 
 
-@pytest.mark.parametrize("src, dst", [(("S(0)", "S(1)"), ("R", "R")), (("S(0)", "S(0)"), ("R", "R")),
-                                      (("P", "P"), ("S(0)", "S(0)"))])
+@pytest.mark.parametrize(
+    "src, dst",
+    [(("S(0)", "S(1)"), ("R", "R")), (("S(0)", "S(0)"), ("R", "R")), (("P", "P"), ("S(0)", "S(0)"))],
+)
 def test_permuted_rank_map_not_merged(src, dst):
     # A column-major rank tensor: a created a+b group ranks its members by global rank,
     # which is not the mesh's index order; shard-ordered merges are not made (they

@@ -216,17 +216,22 @@ SLOW_RING = CostModel(name="ring", launch=0.0, alpha_intra=1e-3, bw_intra=1e12, 
 
 class TestMergeReductions(expecttest.TestCase):
     def test_all_in_one_when_group_exists(self):
-        self.assertExpectedInline(run_pass(ALL_PARTIAL_ABC_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(ALL_PARTIAL_ABC_EXISTS, P),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 mesh flattened=[a+b+c]
 %x : (8, 4)
 step 0 over a+b+c: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1, %all_reduce_2
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_not_all_or_nothing(self):
         # DESIGN case 2: only a+b exists: AR(a+b) + AR(c), where torch keeps 3.
-        self.assertExpectedInline(run_pass(ALL_PARTIAL_AB_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(ALL_PARTIAL_AB_EXISTS, P),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 mesh flattened=[a+b]
 %x : (8, 4)
@@ -234,14 +239,20 @@ step 0 over a+b: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a+b 4:2}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1
 step 2 over c: P -> R, logical=(8, 4)
   %all_reduce_1 = all_reduce(%all_reduce, {c 2:1}, 'sum') : (8, 4)
-return %all_reduce_1""")
-        self.assertExpectedInline(run_pass_notes(ALL_PARTIAL_AB_EXISTS, P), """\
+return %all_reduce_1""",
+        )
+        self.assertExpectedInline(
+            run_pass_notes(ALL_PARTIAL_AB_EXISTS, P),
+            """\
 [merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c) as one: not merged: no process group has layout 8:1 (groups=existing)
-[merge-reductions] all_reduce(a) + all_reduce(b) -> all_reduce(a+b): merged: a process group with layout 4:2 exists""")
+[merge-reductions] all_reduce(a) + all_reduce(b) -> all_reduce(a+b): merged: a process group with layout 4:2 exists""",
+        )
 
     def test_non_contiguous_group(self):
         # DESIGN case 1: a and c of a 2x2x2 mesh, after reorder-collectives: layout (2,2):(4,1).
-        self.assertExpectedInline(run_pass(SCATTER_MOVED_FIRST, P), """\
+        self.assertExpectedInline(
+            run_pass(SCATTER_MOVED_FIRST, P),
+            """\
 redistribute [P, P, P] -> [R, S(0), R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 mesh flattened=[a+c]
 %x : (8, 4)
@@ -249,11 +260,17 @@ step 1 over b: P -> S(0), logical=(8, 4)
   %reduce_scatter = reduce_scatter(%x, {b 2:2}, 'sum', 0) : (4, 4)
 step 0 over a+c: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1
-return %all_reduce""")
-        self.assertExpectedInline(run_pass_notes(SCATTER_MOVED_FIRST, P), """[merge-reductions] all_reduce(a) + all_reduce(c) -> all_reduce(a+c): merged: a process group with layout (2,2):(4,1) exists""")
+return %all_reduce""",
+        )
+        self.assertExpectedInline(
+            run_pass_notes(SCATTER_MOVED_FIRST, P),
+            """[merge-reductions] all_reduce(a) + all_reduce(c) -> all_reduce(a+c): merged: a process group with layout (2,2):(4,1) exists""",
+        )
 
     def test_avg_max_and_min_merge_with_themselves(self):
-        self.assertExpectedInline("\n\n".join(run_pass(t, P) for t in (AVG, MAX, MIN)), """\
+        self.assertExpectedInline(
+            "\n\n".join(run_pass(t, P) for t in (AVG, MAX, MIN)),
+            """\
 redistribute [P(avg), P(avg)] -> [R, R] on mesh (a=2,b=2), shape (8, 4), float32
 mesh flattened=[a+b]
 %x : (8, 4)
@@ -273,29 +290,39 @@ mesh flattened=[a+b]
 %x : (8, 4)
 step 0 over a+b: P(min) -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a+b 4:1}, 'min') : (8, 4)  # <- %all_reduce, %all_reduce_1
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_no_group_not_transformed(self):
         # A rank-free MeshSpec has no world group: nothing exists for a+b+c.
-        self.assertExpectedInline(assert_not_transformed(ALL_PARTIAL_NO_GROUP, P), """[merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not merged: no process group has layout 8:1 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(ALL_PARTIAL_NO_GROUP, P),
+            """[merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not merged: no process group has layout 8:1 (groups=existing)""",
+        )
 
     def test_create_policy_merges(self):
-        self.assertExpectedInline(run_pass(ALL_PARTIAL_NO_GROUP, P, groups="create"), """\
+        self.assertExpectedInline(
+            run_pass(ALL_PARTIAL_NO_GROUP, P, groups="create"),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 %x : (8, 4)
 step 0 over a+b+c: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1, %all_reduce_2
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_allow_list_policy(self):
-        self.assertExpectedInline(run_pass(ALL_PARTIAL_NO_GROUP, P, groups=("b+c",)), """\
+        self.assertExpectedInline(
+            run_pass(ALL_PARTIAL_NO_GROUP, P, groups=("b+c",)),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 %x : (8, 4)
 step 0 over a: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a 2:4}, 'sum') : (8, 4)
 step 1 over b+c: P -> R, logical=(8, 4)
   %all_reduce_1 = all_reduce(%all_reduce, {b+c 4:1}, 'sum') : (8, 4)  # <- %all_reduce_1, %all_reduce_2
-return %all_reduce_1""")
+return %all_reduce_1""",
+        )
 
     def test_not_adjacent_not_transformed(self):
         # Without reorder-collectives the scatter separates the two reductions.
@@ -303,50 +330,67 @@ return %all_reduce_1""")
 
     def test_cost_can_refuse_a_merge_not_transformed(self):
         # With a latency-dominated ring profile, small messages stay unmerged ...
-        self.assertExpectedInline(assert_not_transformed(SMALL_ABC_EXISTS, P, cost=SLOW_RING), """[merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not merged: separate collectives are cheaper under the cost model""")
+        self.assertExpectedInline(
+            assert_not_transformed(SMALL_ABC_EXISTS, P, cost=SLOW_RING),
+            """[merge-reductions] all_reduce(a) + all_reduce(b) + all_reduce(c): not merged: separate collectives are cheaper under the cost model""",
+        )
 
     def test_consistency_merges_whatever_the_cost(self):
         # ... unless replicas must be bitwise equal.
-        self.assertExpectedInline(run_pass(SMALL_ABC_EXISTS, P, cost=SLOW_RING, prefer="consistency"), """\
+        self.assertExpectedInline(
+            run_pass(SMALL_ABC_EXISTS, P, cost=SLOW_RING, prefer="consistency"),
+            """\
 redistribute [P, P, P] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (4, 4), float32
 mesh flattened=[a+b+c]
 %x : (4, 4)
 step 0 over a+b+c: P -> R, logical=(4, 4)
   %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1, %all_reduce_2
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_uneven_shapes_do_not_matter_for_reductions(self):
-        self.assertExpectedInline(run_pass(UNEVEN, P), """\
+        self.assertExpectedInline(
+            run_pass(UNEVEN, P),
+            """\
 redistribute [P, P] -> [R, R] on mesh (a=3,b=2), shape (5, 7), float32
 mesh flattened=[a+b]
 %x : (5, 7)
 step 0 over a+b: P -> R, logical=(5, 7)
   %all_reduce = all_reduce(%x, {a+b 6:1}, 'sum') : (5, 7)  # <- %all_reduce, %all_reduce_1
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_mixed_sum_avg_merge_into_one_sum_and_one_scale(self):
         # AR_avg(a) . AR_sum(b) = AR_sum(a+b) / |a|
-        self.assertExpectedInline(run_pass(AVG_THEN_SUM, P), """\
+        self.assertExpectedInline(
+            run_pass(AVG_THEN_SUM, P),
+            """\
 redistribute [P(avg), P] -> [R, R] on mesh (a=2,b=3), shape (8, 4), float32
 mesh flattened=[a+b]
 %x : (8, 4)
 step 0 over a+b: P -> R, logical=(8, 4), avg_scale=2
   %all_reduce = all_reduce(%x, {a+b 6:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1
   %divide = divide(%all_reduce, 2) : (8, 4)  # <- %all_reduce, %all_reduce_1
-return %divide""")
+return %divide""",
+        )
         # the other way round: the scale is |b|
-        self.assertExpectedInline(run_pass(SUM_THEN_AVG, P), """\
+        self.assertExpectedInline(
+            run_pass(SUM_THEN_AVG, P),
+            """\
 redistribute [P, P(avg)] -> [R, R] on mesh (a=2,b=3), shape (8, 4), float32
 mesh flattened=[a+b]
 %x : (8, 4)
 step 0 over a+b: P -> R, logical=(8, 4), avg_scale=3
   %all_reduce = all_reduce(%x, {a+b 6:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1
   %divide = divide(%all_reduce, 3) : (8, 4)  # <- %all_reduce, %all_reduce_1
-return %divide""")
+return %divide""",
+        )
 
     def test_mixed_partial_merge_not_all_or_nothing(self):
         # avg over a and c, sum over b; only b+c exists: AR_avg(a) + AR_sum(b+c) / |c|
-        self.assertExpectedInline(run_pass(AVG_SUM_AVG_BC_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(AVG_SUM_AVG_BC_EXISTS, P),
+            """\
 redistribute [P(avg), P, P(avg)] -> [R, R, R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 mesh flattened=[b+c]
 %x : (8, 4)
@@ -355,7 +399,8 @@ step 0 over a: P(avg) -> R, logical=(8, 4)
 step 1 over b+c: P -> R, logical=(8, 4), avg_scale=2
   %all_reduce_1 = all_reduce(%all_reduce, {b+c 4:1}, 'sum') : (8, 4)  # <- %all_reduce_1, %all_reduce_2
   %divide = divide(%all_reduce_1, 2) : (8, 4)  # <- %all_reduce_1, %all_reduce_2
-return %divide""")
+return %divide""",
+        )
 
     def test_mixed_partial_integer_dtype_not_transformed(self):
         # On integer dtypes every avg truncates (torch: sum / n, then cast back), so
@@ -364,17 +409,22 @@ return %divide""")
         assert_not_transformed(INT_AVG_AVG, P)
 
     def test_integer_sum_merges(self):
-        self.assertExpectedInline(run_pass(INT_SUM_SUM, P), """\
+        self.assertExpectedInline(
+            run_pass(INT_SUM_SUM, P),
+            """\
 redistribute [P, P] -> [R, R] on mesh (a=2,b=2), shape (8, 4), int64
 mesh flattened=[a+b]
 %x : (8, 4)
 step 0 over a+b: P -> R, logical=(8, 4)
   %all_reduce = all_reduce(%x, {a+b 4:1}, 'sum') : (8, 4)  # <- %all_reduce, %all_reduce_1
-return %all_reduce""")
+return %all_reduce""",
+        )
 
     def test_float_avg_reordered(self):
         # P(avg),P,P(avg) -> R,S(0),R: on floats the scatter moves first ...
-        self.assertExpectedInline(run_pass(AVG_SCATTER_AVG, ReorderCollectives), """\
+        self.assertExpectedInline(
+            run_pass(AVG_SCATTER_AVG, ReorderCollectives),
+            """\
 redistribute [P(avg), P, P(avg)] -> [R, S(0), R] on mesh (a=2,b=2,c=2), shape (8, 4), float32
 mesh flattened=[a+c]
 %x : (8, 4)
@@ -384,7 +434,8 @@ step 0 over a: P(avg) -> R, logical=(8, 4)
   %all_reduce = all_reduce(%reduce_scatter, {a 2:4}, 'avg') : (4, 4)
 step 2 over c: P(avg) -> R, logical=(8, 4)
   %all_reduce_1 = all_reduce(%all_reduce, {c 2:1}, 'avg') : (4, 4)
-return %all_reduce_1""")
+return %all_reduce_1""",
+        )
 
     def test_integer_avg_not_reordered_not_transformed(self):
         # ... on integers the avg reductions stay in DTensor's order.

@@ -210,7 +210,9 @@ class TestMergeReductionsIntoAllReduce(expecttest.TestCase):
     # -- the rewrite --------------------------------------------------------------------
 
     def test_hsdp_small_is_one_all_reduce(self):
-        self.assertExpectedInline(run_pass(HSDP_SMALL, P, cost=DEFAULT), """\
+        self.assertExpectedInline(
+            run_pass(HSDP_SMALL, P, cost=DEFAULT),
+            """\
 redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
 mesh flattened=[a+b]
 %x : (64, 4)
@@ -218,11 +220,17 @@ step 0 over a+b: P -> R, logical=(64, 4)
   %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (64, 4)  # <- %all_reduce, %reduce_scatter
 step 1 over b: R -> S(0), logical=(64, 4)
   %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %all_reduce, %reduce_scatter
-return %select_chunk""")
-        self.assertExpectedInline(run_pass_notes(HSDP_SMALL, P, cost=DEFAULT), """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) -> all_reduce(a+b), chunk(b): merged: one all_reduce 22.0us vs 28.0us under the nccl cost model (more bytes, fewer launches); existing group""")
+return %select_chunk""",
+        )
+        self.assertExpectedInline(
+            run_pass_notes(HSDP_SMALL, P, cost=DEFAULT),
+            """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) -> all_reduce(a+b), chunk(b): merged: one all_reduce 22.0us vs 28.0us under the nccl cost model (more bytes, fewer launches); existing group""",
+        )
 
     def test_after_reorder_too(self):
-        self.assertExpectedInline(run_pass(HSDP_SMALL_REORDERED, P, cost=DEFAULT), """\
+        self.assertExpectedInline(
+            run_pass(HSDP_SMALL_REORDERED, P, cost=DEFAULT),
+            """\
 redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
 mesh flattened=[a+b]
 %x : (64, 4)
@@ -230,12 +238,15 @@ step 1 over a+b: P -> R, logical=(64, 4)
   %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (64, 4)  # <- %reduce_scatter, %all_reduce
 step 1 over b: R -> S(0), logical=(64, 4)
   %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %reduce_scatter, %all_reduce
-return %select_chunk""")
+return %select_chunk""",
+        )
 
     def test_uneven_and_zero_size_chunks(self):
         # Condition 4: select_chunk is torch.chunk with trailing empty chunks.
         outs = [run_pass(t, P, cost=DEFAULT) for t in (HSDP_5x3, HSDP_0x4, HSDP_3, HSDP_1x7)]
-        self.assertExpectedInline("\n\n".join(outs), """\
+        self.assertExpectedInline(
+            "\n\n".join(outs),
+            """\
 redistribute [P, P] -> [R, S(0)] on mesh (a=2,b=4), shape (5, 3), float32
 mesh flattened=[a+b]
 %x : (5, 3)
@@ -270,10 +281,13 @@ step 0 over a+b: P -> R, logical=(1, 7)
   %all_reduce = all_reduce(%x, {a+b 8:1}, 'sum') : (1, 7)  # <- %all_reduce, %reduce_scatter
 step 1 over b: R -> S(0), logical=(1, 7)
   %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (chunk(1,4,c_b), 7)  # <- %all_reduce, %reduce_scatter
-return %select_chunk""")
+return %select_chunk""",
+        )
 
     def test_two_scatters_keep_shard_order(self):
-        self.assertExpectedInline(run_pass(TWO_SCATTERS, P, groups="create", cost=DEFAULT), """\
+        self.assertExpectedInline(
+            run_pass(TWO_SCATTERS, P, groups="create", cost=DEFAULT),
+            """\
 redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (6, 5), float32
 %x : (6, 5)
 step 0 over a+b+c: P -> R, logical=(6, 5)
@@ -282,11 +296,14 @@ step 1 over b: R -> S(0), logical=(6, 5)
   %select_chunk = select_chunk(%all_reduce, 0, 2, c_b) : (3, 5)  # <- %all_reduce, %reduce_scatter, %reduce_scatter_1
 step 2 over c: R -> S(1), logical=(6, 5)
   %select_chunk_1 = select_chunk(%select_chunk, 1, 2, c_c) : (3, chunk(5,2,c_c))  # <- %all_reduce, %reduce_scatter, %reduce_scatter_1
-return %select_chunk_1""")
+return %select_chunk_1""",
+        )
 
     def test_other_reduce_ops(self):
         outs = [run_pass(t, P, cost=DEFAULT) for t in (AVG, MAX, MIN)]
-        self.assertExpectedInline("\n\n".join(outs), """\
+        self.assertExpectedInline(
+            "\n\n".join(outs),
+            """\
 redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (16,), float32
 mesh flattened=[a+b]
 %x : (16)
@@ -312,7 +329,8 @@ step 0 over a+b: P(min) -> R, logical=(16)
   %all_reduce = all_reduce(%x, {a+b 8:1}, 'min') : (16)  # <- %all_reduce, %reduce_scatter
 step 1 over b: R -> S(0), logical=(16)
   %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (4)  # <- %all_reduce, %reduce_scatter
-return %select_chunk""")
+return %select_chunk""",
+        )
 
     # -- legality twins -------------------------------------------------------------------
 
@@ -322,7 +340,9 @@ return %select_chunk""")
 
     def test_float_avg_transformed(self):
         # Condition 1: the float twin of the integer case below.
-        self.assertExpectedInline(run_pass(AVG_64x4, P, cost=DEFAULT), """\
+        self.assertExpectedInline(
+            run_pass(AVG_64x4, P, cost=DEFAULT),
+            """\
 redistribute [P(avg), P(avg)] -> [R, S(0)] on mesh (a=2,b=4), shape (64, 4), float32
 mesh flattened=[a+b]
 %x : (64, 4)
@@ -330,7 +350,8 @@ step 0 over a+b: P(avg) -> R, logical=(64, 4)
   %all_reduce = all_reduce(%x, {a+b 8:1}, 'avg') : (64, 4)  # <- %all_reduce, %reduce_scatter
 step 1 over b: R -> S(0), logical=(64, 4)
   %select_chunk = select_chunk(%all_reduce, 0, 4, c_b) : (16, 4)  # <- %all_reduce, %reduce_scatter
-return %select_chunk""")
+return %select_chunk""",
+        )
 
     def test_integer_avg_not_transformed(self):
         # Condition 1: on integers each avg truncates.
@@ -342,15 +363,22 @@ return %select_chunk""")
 
     def test_not_adjacent_not_transformed(self):
         # Condition 1
-        self.assertExpectedInline(assert_not_transformed(GATHER_BETWEEN, P, groups="create", cost=DEFAULT), """""")
+        self.assertExpectedInline(
+            assert_not_transformed(GATHER_BETWEEN, P, groups="create", cost=DEFAULT), """"""
+        )
 
     def test_no_group_not_transformed(self):
         # Condition 3: groups="existing" and no communicator over a+b.
-        self.assertExpectedInline(assert_not_transformed(HSDP_NO_GROUP, P, cost=DEFAULT), """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) as one all_reduce: not merged: no process group has layout 8:1 (groups=existing)""")
+        self.assertExpectedInline(
+            assert_not_transformed(HSDP_NO_GROUP, P, cost=DEFAULT),
+            """[merge-reductions-into-all-reduce] all_reduce(a) + reduce_scatter(b) as one all_reduce: not merged: no process group has layout 8:1 (groups=existing)""",
+        )
 
     def test_cheapest_split(self):
         # The block AR(a) + RS(b) becomes one all_reduce, RS(c) stays (no group for a block with c).
-        self.assertExpectedInline(run_pass(AR_RS_RS_AB_EXISTS, P, cost=DEFAULT), """\
+        self.assertExpectedInline(
+            run_pass(AR_RS_RS_AB_EXISTS, P, cost=DEFAULT),
+            """\
 redistribute [P, P, P] -> [R, S(0), S(1)] on mesh (a=2,b=2,c=2), shape (16, 4), float32
 mesh flattened=[a+b]
 %x : (16, 4)
@@ -360,7 +388,8 @@ step 1 over b: R -> S(0), logical=(16, 4)
   %select_chunk = select_chunk(%all_reduce, 0, 2, c_b) : (8, 4)  # <- %all_reduce, %reduce_scatter
 step 2 over c: P -> S(1), logical=(16, 4)
   %reduce_scatter = reduce_scatter(%select_chunk, {c 2:1}, 'sum', 1) : (8, 2)
-return %reduce_scatter""")
+return %reduce_scatter""",
+        )
 
 
 # -- choice by size (condition 5), through the whole pipeline --------------------------
@@ -410,13 +439,17 @@ def test_small_is_fat_and_equal(shape, dtype):
 
 
 def test_large_is_rs_plus_ar_and_equal():
-    ref = check_case("2x8", ("P", "P"), ("R", "S(0)"), (1024, 256), torch.float32, groups="create", cost=DEFAULT)
+    ref = check_case(
+        "2x8", ("P", "P"), ("R", "S(0)"), (1024, 256), torch.float32, groups="create", cost=DEFAULT
+    )
     assert dict(ref.optimized.counts) == {"reduce_scatter": 1, "all_reduce": 1}
 
 
 def test_same_large_case_fat_under_a_launch_bound_profile():
     launchy = CostModel(name="launchy", launch=1e-3, alpha_intra=0.0, bw_intra=1e9, algorithm="tree")
-    ref = check_case("2x8", ("P", "P"), ("R", "S(0)"), (1024, 256), torch.float32, groups="create", cost=launchy)
+    ref = check_case(
+        "2x8", ("P", "P"), ("R", "S(0)"), (1024, 256), torch.float32, groups="create", cost=launchy
+    )
     assert dict(ref.optimized.counts) == {"all_reduce": 1}
 
 

@@ -103,7 +103,9 @@ return %select_chunk
 class TestReduceScatterCreator(expecttest.TestCase):
     def test_all_reduce_and_chunk_fold_into_one_uneven_reduce_scatter(self):
         after = run_pass(UNEVEN_CREATE, P, groups="create")
-        self.assertExpectedInline(after, """\
+        self.assertExpectedInline(
+            after,
+            """\
 redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 6, 4), float32
 mesh flattened=[i+t]
 %x : (2, 6, 4)
@@ -111,13 +113,16 @@ step 1 over r+m: P -> S(1), logical=(2, 6, 4)
   %pad_nested = pad_nested(%x, 1, (2, 2)) : (2, 8, 4)  # <- %reduce_scatter, %all_reduce
   %reduce_scatter = reduce_scatter(%pad_nested, {r+m 4:4}, 'sum', 1) : (2, 2, 4)  # <- %reduce_scatter, %all_reduce
   %narrow = narrow(%reduce_scatter, 1, 0, chunk(3,2,c_m)) : (2, chunk(3,2,c_m), 4)  # <- %reduce_scatter, %all_reduce
-return %narrow""")
+return %narrow""",
+        )
         assert parse_ir(UNEVEN_CREATE).bytes_per_rank == 288 and parse_ir(after).bytes_per_rank == 256
 
     def test_standalone_when_even(self):
         # no r+m group: the all_reduce + chunk alone becomes a reduce_scatter (dim 1: 8 -> 4 -> 2)
         after = run_pass(EVEN, P)
-        self.assertExpectedInline(after, """\
+        self.assertExpectedInline(
+            after,
+            """\
 redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 8, 4), float32
 mesh flattened=[i+t]
 %x : (2, 8, 4)
@@ -125,26 +130,35 @@ step 1 over r: P -> S(1), logical=(8, 8, 4)
   %reduce_scatter = reduce_scatter(%x, {r 2:8}, 'sum', 1) : (2, 4, 4)
 step 0 over m: P -> S(1), logical=(8, 8, 4)
   %reduce_scatter_1 = reduce_scatter(%reduce_scatter, {m 2:4}, 'sum', 1) : (2, 2, 4)  # <- %all_reduce
-return %reduce_scatter_1""")
+return %reduce_scatter_1""",
+        )
         # fed the same bytes, but a reduce_scatter moves half of what an all_reduce does
         before, after = parse_ir(EVEN), parse_ir(after)
         assert after.bytes_per_rank == before.bytes_per_rank
         assert CostModel.default().plan_time(after) < CostModel.default().plan_time(before)
-        self.assertExpectedInline(run_pass_notes(EVEN, P), """\
+        self.assertExpectedInline(
+            run_pass_notes(EVEN, P),
+            """\
 [reduce-scatter-creator] reduce_scatter(r) + all_reduce(m) + chunk(m) as one reduce_scatter: not merged: no process group has layout 4:4 (groups=existing)
-[reduce-scatter-creator] all_reduce(m) + chunk(m) -> reduce_scatter(m): merged: the chunk keeps the rank's reduce_scatter piece""")
+[reduce-scatter-creator] all_reduce(m) + chunk(m) -> reduce_scatter(m): merged: the chunk keeps the rank's reduce_scatter piece""",
+        )
 
     def test_any_reduce_op(self):
-        self.assertExpectedInline(run_pass(MAX_CREATE, P, groups="create"), """\
+        self.assertExpectedInline(
+            run_pass(MAX_CREATE, P, groups="create"),
+            """\
 redistribute [P(max), P(max), S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 8, 4), float32
 mesh flattened=[i+t]
 %x : (2, 8, 4)
 step 1 over r+m: P(max) -> S(1), logical=(2, 8, 4)
   %reduce_scatter = reduce_scatter(%x, {r+m 4:4}, 'max', 1) : (2, 2, 4)  # <- %reduce_scatter, %all_reduce
-return %reduce_scatter""")
+return %reduce_scatter""",
+        )
 
     def test_fold_uses_existing_group(self):
-        self.assertExpectedInline(run_pass(UNEVEN_RM_EXISTS, P), """\
+        self.assertExpectedInline(
+            run_pass(UNEVEN_RM_EXISTS, P),
+            """\
 redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 6, 4), float32
 mesh flattened=[i+t, r+m]
 %x : (2, 6, 4)
@@ -152,14 +166,18 @@ step 1 over r+m: P -> S(1), logical=(2, 6, 4)
   %pad_nested = pad_nested(%x, 1, (2, 2)) : (2, 8, 4)  # <- %reduce_scatter, %all_reduce
   %reduce_scatter = reduce_scatter(%pad_nested, {r+m 4:4}, 'sum', 1) : (2, 2, 4)  # <- %reduce_scatter, %all_reduce
   %narrow = narrow(%reduce_scatter, 1, 0, chunk(3,2,c_m)) : (2, chunk(3,2,c_m), 4)  # <- %reduce_scatter, %all_reduce
-return %narrow""")
+return %narrow""",
+        )
 
     def test_padding_not_transformed(self):
         # condition 3: without r+m, a reduce_scatter of 3 rows over 2 ranks is fed 4 rows,
         # more than the all_reduce it would replace (and the fold has no group: condition 2)
-        self.assertExpectedInline(assert_not_transformed(UNEVEN, P), """\
+        self.assertExpectedInline(
+            assert_not_transformed(UNEVEN, P),
+            """\
 [reduce-scatter-creator] reduce_scatter(r) + all_reduce(m) + chunk(m) as one reduce_scatter: not merged: no process group has layout 4:4 (groups=existing)
-[reduce-scatter-creator] all_reduce(m) + chunk(m): not merged: padding: a reduce_scatter is fed 128 B vs 96 B""")
+[reduce-scatter-creator] all_reduce(m) + chunk(m): not merged: padding: a reduce_scatter is fed 128 B vs 96 B""",
+        )
 
     def test_not_adjacent_not_transformed(self):
         # condition 1
@@ -167,4 +185,7 @@ return %narrow""")
 
     def test_chunk_over_other_mesh_dim_not_transformed(self):
         # condition 1
-        self.assertExpectedInline(assert_not_transformed(CHUNK_OVER_OTHER_DIM, P), """[reduce-scatter-creator] all_reduce(b) + chunk(c): not merged: the chunk is over other mesh dims than the all_reduce""")
+        self.assertExpectedInline(
+            assert_not_transformed(CHUNK_OVER_OTHER_DIM, P),
+            """[reduce-scatter-creator] all_reduce(b) + chunk(c): not merged: the chunk is over other mesh dims than the all_reduce""",
+        )

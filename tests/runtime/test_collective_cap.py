@@ -19,10 +19,10 @@ import math
 
 import pytest
 import torch
-from support.inputs import parse_placement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.exact_runs import int_input, run_torch_merged
+from support.inputs import parse_placement
 from support.torch_merge_model import torch_model
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
@@ -140,8 +140,10 @@ def cases(draw, max_ranks: int = 64):
     shape = tuple(draw(SIZES) for _ in range(tnd))
     op = draw(st.sampled_from(OPS))
     src = [_placement(draw, "RSP", tnd, op) for _ in range(ndim)]
-    dst = [s if s.is_partial() and d.is_partial() else d
-           for s, d in ((s, _placement(draw, "RSP" if s.is_partial() else "RS", tnd, op)) for s in src)]
+    dst = [
+        s if s.is_partial() and d.is_partial() else d
+        for s, d in ((s, _placement(draw, "RSP" if s.is_partial() else "RS", tnd, op)) for s in src)
+    ]
     return tuple(sizes), flattened, src, dst, shape
 
 
@@ -158,18 +160,23 @@ def test_model_matches_the_oracle(case):
         return
     oracle = torch_model(p)
     assert torch_collective_count(p) == oracle.min_collectives, (
-        f"{_describe(case)}: model {torch_merged_plan(p).num_collectives}, oracle {oracle.describe()}")
+        f"{_describe(case)}: model {torch_merged_plan(p).num_collectives}, oracle {oracle.describe()}"
+    )
 
 
 @settings(max_examples=300, deadline=None)
-@given(case=cases(), profile=st.sampled_from(sorted(PROFILES)), policy=st.sampled_from(["existing", "create"]))
+@given(
+    case=cases(), profile=st.sampled_from(sorted(PROFILES)), policy=st.sampled_from(["existing", "create"])
+)
 def test_never_more_collectives_than_torch(case, profile, policy):
     p = _plan(*case)
     if p.fallback:
         return
     ours = redist_opt.optimize(p, groups=policy, cost=PROFILES[profile])
     cap = torch_collective_count(p)
-    assert ours.num_collectives <= cap, f"{_describe(case)} {profile} groups={policy}: {ours.num_collectives} > {cap}"
+    assert ours.num_collectives <= cap, (
+        f"{_describe(case)} {profile} groups={policy}: {ours.num_collectives} > {cap}"
+    )
     assert ours.num_collectives <= torch_model(p).min_collectives
     if policy == "existing":
         assert all(p.mesh.group_exists(g) for g in ours.groups_needed())
@@ -200,9 +207,11 @@ TORCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("sizes,flattened,src,dst,shape", TORCH_CASES,
-                         ids=[f"{'x'.join(map(str, c[0]))}-{c[2]}_to_{c[3]}-{'x'.join(map(str, c[4]))}"
-                              for c in TORCH_CASES])
+@pytest.mark.parametrize(
+    "sizes,flattened,src,dst,shape",
+    TORCH_CASES,
+    ids=[f"{'x'.join(map(str, c[0]))}-{c[2]}_to_{c[3]}-{'x'.join(map(str, c[4]))}" for c in TORCH_CASES],
+)
 def test_model_matches_torch(sizes, flattened, src, dst, shape):
     names = tuple("abcd"[: len(sizes)])
     with LocalTensorMode(math.prod(sizes)) as lm:
@@ -237,9 +246,11 @@ def _live_mesh(kind):
     return world._unflatten(0, (2, 2, 2), names)
 
 
-@pytest.mark.parametrize("kind,flattened,src,dst", LIVE_MESH_CASES,
-                         ids=[f"{c[0]}-{'+'.join(''.join(g) for g in c[1]) or 'none'}-{c[2]}_to_{c[3]}"
-                              for c in LIVE_MESH_CASES])
+@pytest.mark.parametrize(
+    "kind,flattened,src,dst",
+    LIVE_MESH_CASES,
+    ids=[f"{c[0]}-{'+'.join(''.join(g) for g in c[1]) or 'none'}-{c[2]}_to_{c[3]}" for c in LIVE_MESH_CASES],
+)
 def test_cap_on_live_meshes_is_torchs_count(kind, flattened, src, dst):
     """A MeshSpec read off a live mesh lists groups torch's merge pass never finds
     (the world group, an ``_unflatten`` view's root dim): the cap is torch's real

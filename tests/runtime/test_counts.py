@@ -29,12 +29,12 @@ import torch
 from support.harness import Case, check_case, run_case
 from support.meshes import MESHES, get_mesh
 from support.runs import collective_kind
+from support.sampling import sampled
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import redist_opt
-from support.sampling import sampled
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 SHAPES = [(24, 24), (5, 3), (7, 5), (3, 7), (0, 4), (4, 0)]
@@ -49,11 +49,26 @@ def _pool():
     rng = random.Random(31337)
     cases = []
     plan = {
-        "1d2": 1, "1d3": 1, "1d4": 1, "2x2": 2, "3x2": 2, "2x4": 2, "2x3": 2,
-        "2x2x2": 3, "1x4": 2, "2x1x2": 3, "4x1": 2, "colmajor2x4": 2,
-        "colmajor2x2x2": 3, "reversed2x2": 2, "sub_ac_of_2x2x2": 2,
-        "sub_b_of_2x2x2": 1, "unflat8_2x2x2": 3, "unflat4_2x2": 2,
-        "flat_ac_of_2x2x2": 1, "explicit3x2": 2,
+        "1d2": 1,
+        "1d3": 1,
+        "1d4": 1,
+        "2x2": 2,
+        "3x2": 2,
+        "2x4": 2,
+        "2x3": 2,
+        "2x2x2": 3,
+        "1x4": 2,
+        "2x1x2": 3,
+        "4x1": 2,
+        "colmajor2x4": 2,
+        "colmajor2x2x2": 3,
+        "reversed2x2": 2,
+        "sub_ac_of_2x2x2": 2,
+        "sub_b_of_2x2x2": 1,
+        "unflat8_2x2x2": 3,
+        "unflat4_2x2": 2,
+        "flat_ac_of_2x2x2": 1,
+        "explicit3x2": 2,
     }
     for m, nd in plan.items():
         lists = [tuple(x) for x in itertools.product(V, repeat=nd)]
@@ -100,8 +115,7 @@ def _plan_checks(case: Case, ref_total: int, ref_counts: Counter) -> None:
             ),
         }
         plans = {
-            k: redist_opt.plan(m, list(case.src), list(case.dst), shape=case.shape,
-                               dtype=case.dtype)
+            k: redist_opt.plan(m, list(case.src), list(case.dst), shape=case.shape, dtype=case.dtype)
             for k, m in specs.items()
         }
     for k, p in plans.items():
@@ -111,9 +125,7 @@ def _plan_checks(case: Case, ref_total: int, ref_counts: Counter) -> None:
             f"issues {ref_total} {dict(ref_counts)}"
         )
         kinds = Counter(collective_kind(c.kind) for c in p.collectives())
-        assert kinds == ref_counts, (
-            f"plan({k}).collectives() kinds {dict(kinds)} != torch {dict(ref_counts)}"
-        )
+        assert kinds == ref_counts, f"plan({k}).collectives() kinds {dict(kinds)} != torch {dict(ref_counts)}"
 
 
 SAMPLE_EVERY = 8
@@ -133,8 +145,13 @@ STRIDED = [
     ("2x2", [_StridedShard(0, split_factor=2), Shard(0)], [Shard(0), Replicate()], (8, 4), False),
     ("2x2", [Shard(0), _StridedShard(0, split_factor=2)], [Replicate(), Shard(1)], (8, 4), False),
     ("2x2", [_StridedShard(1, split_factor=2), Shard(1)], [Replicate(), Replicate()], (4, 8), True),
-    ("2x2x2", [_StridedShard(0, split_factor=2), Shard(0), Replicate()],
-     [Replicate(), Replicate(), Shard(1)], (8, 4), False),
+    (
+        "2x2x2",
+        [_StridedShard(0, split_factor=2), Shard(0), Replicate()],
+        [Replicate(), Replicate(), Shard(1)],
+        (8, 4),
+        False,
+    ),
 ]
 
 

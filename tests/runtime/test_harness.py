@@ -146,8 +146,14 @@ def _raises_re(dt, placements, **kw):
 
 def _swaps_local_shape(dt, placements, **kw):
     out = _torch(dt, placements, **kw)
-    return DTensor.from_local(out.to_local().flatten(), out.device_mesh, out.placements,
-                              run_check=False, shape=out.shape, stride=out.stride())
+    return DTensor.from_local(
+        out.to_local().flatten(),
+        out.device_mesh,
+        out.placements,
+        run_check=False,
+        shape=out.shape,
+        stride=out.stride(),
+    )
 
 
 MUTANTS = [

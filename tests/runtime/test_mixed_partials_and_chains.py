@@ -58,7 +58,8 @@ def test_mixed_avg_sum_reduce_scatter_merges():
 
 def _dtensor_from_spec(lm, mesh, placements, shape, dtype, fill):
     spec = DTensorSpec(
-        mesh, tuple(placements),
+        mesh,
+        tuple(placements),
         tensor_meta=TensorMeta(torch.Size(shape), tuple(torch.empty(shape).stride()), dtype),
     )
     return DTensor(lm.rank_map(fill), spec, requires_grad=False)
@@ -70,8 +71,14 @@ def test_non_linear_mix_raises_torchs_exception_type(ops):
     subclass naming the ops), before any collective."""
     with LocalTensorMode(4) as lm:
         mesh = fresh_mesh((2, 2), "ab", [("a", "b")])
-        dt = _dtensor_from_spec(lm, mesh, [Partial(ops[0]), Partial(ops[1])], (4, 2), torch.float32,
-                                lambda r: torch.full((4, 2), float(r)))
+        dt = _dtensor_from_spec(
+            lm,
+            mesh,
+            [Partial(ops[0]), Partial(ops[1])],
+            (4, 2),
+            torch.float32,
+            lambda r: torch.full((4, 2), float(r)),
+        )
         theirs, ours = run_oracle(dt, [Replicate(), Replicate()]), run_ours(dt, [Replicate(), Replicate()])
     assert theirs.error is not None and ours.error is not None
     assert isinstance(ours.error, type(theirs.error)), (type(ours.error), type(theirs.error))
@@ -117,8 +124,9 @@ def test_all_reduce_and_chunk_become_one_reduce_scatter(shape):
     """(r, m, i, t) with i+t flattened, [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)],
     groups="create": DTensor issues all_reduce(m) + reduce_scatter(r) + chunk; we
     issue one reduce_scatter over r+m with nested uneven padding."""
-    o = run_three((2, 2, 2, 2), "rmit", [("i", "t")], "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", shape,
-                  groups="create")
+    o = run_three(
+        (2, 2, 2, 2), "rmit", [("i", "t")], "P,P,S(0),S(0)", "S(1),S(1),S(0),S(0)", shape, groups="create"
+    )
     assert o.torch.total == 2 and o.oracle.total == 2
     assert o.ours.total == 1 and o.ours.kinds == {"reduce_scatter": 1}
     assert signature(o.plan) == ["reduce_scatter[sum](r+m)"]

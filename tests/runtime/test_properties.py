@@ -41,15 +41,13 @@ import os
 import time
 import warnings
 
-from support import meshes
 import pytest
 import torch
 import torch.distributed as dist
-from support.harness import is_rejection
-from support.inputs import pstr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as fixed_seed
 from hypothesis import strategies as st
+from support import meshes
 from support.exact_runs import (
     MeshPool,
     assert_matches_reference,
@@ -59,6 +57,8 @@ from support.exact_runs import (
     run_oracle,
     run_ours,
 )
+from support.harness import is_rejection
+from support.inputs import pstr
 from support.run_report import REPORT
 from support.torch_merge_model import signature, torch_model
 from torch.distributed._local_tensor import LocalTensorMode
@@ -74,7 +74,9 @@ import redist_opt.ir.cost
 # database, failing examples printed as reproducible blobs. "explore": the same
 # with random generation, to look for new failures (HYPOTHESIS_PROFILE=explore).
 _COMMON = {
-    "deadline": None, "print_blob": True, "database": None,
+    "deadline": None,
+    "print_blob": True,
+    "database": None,
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
 }
 settings.register_profile("ci", derandomize=True, **_COMMON)
@@ -91,7 +93,6 @@ MAX_PLAN_RANKS = 5**4
 # "sum|avg": every Partial draws sum or avg (torch accepts that mix).
 OPS = ("sum", "avg", "max", "min", "sum|avg")
 SIZES = st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])  # uneven and zero-size included
-
 
 
 _RUNNING = contextvars.ContextVar("property", default="test_shrunk_plan_cases")
@@ -161,16 +162,25 @@ def requests(draw, max_ranks: int, planning: bool):
         d = _shard_or(draw, "RSP" if keep_p else "RS", tnd, op)
         dst.append(s if s.is_partial() and d.is_partial() else d)  # P -> P keeps its op
     policy = ("existing", "create")[draw(ints(0, 1))]
-    return {"sizes": sizes, "flattened": flattened, "src": src, "dst": tuple(dst),
-            "shape": shape, "policy": policy, "op": op}
+    return {
+        "sizes": sizes,
+        "flattened": flattened,
+        "src": src,
+        "dst": tuple(dst),
+        "shape": shape,
+        "policy": policy,
+        "op": op,
+    }
 
 
 def _describe(req) -> str:
     names = MeshPool.names(len(req["sizes"]))
     flat = ["+".join(names[d] for d in g) for g in req["flattened"]]
-    return (f"mesh {'x'.join(map(str, req['sizes']))} flattened {flat or 'none'} "
-            f"{','.join(map(pstr, req['src']))} -> {','.join(map(pstr, req['dst']))} "
-            f"shape {req['shape']} groups={req['policy']}")
+    return (
+        f"mesh {'x'.join(map(str, req['sizes']))} flattened {flat or 'none'} "
+        f"{','.join(map(pstr, req['src']))} -> {','.join(map(pstr, req['dst']))} "
+        f"shape {req['shape']} groups={req['policy']}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -189,9 +199,11 @@ def _clear_spec_cache() -> None:
 
 
 @settings(max_examples=N_EXEC)
-@given(req=requests(MAX_EXEC_RANKS, planning=False),
-       dtype=st.sampled_from([torch.float64, torch.float32]),
-       seed=st.integers(0, 2**16))
+@given(
+    req=requests(MAX_EXEC_RANKS, planning=False),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
 def test_outputs_equal_oracle(req, dtype, seed):
     with _counted("test_outputs_equal_oracle"):
         check_execution(req, dtype, seed)
@@ -204,9 +216,11 @@ test_outputs_equal_oracle = pytest.mark.slow(test_outputs_equal_oracle)
 
 @settings(max_examples=max(1, N_EXEC // 20))
 @fixed_seed(1310)
-@given(req=requests(MAX_EXEC_RANKS, planning=False),
-       dtype=st.sampled_from([torch.float64, torch.float32]),
-       seed=st.integers(0, 2**16))
+@given(
+    req=requests(MAX_EXEC_RANKS, planning=False),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
 def test_outputs_equal_oracle_sample(req, dtype, seed):
     """The quick tier's sample of the property: other examples than the full one's."""
     with _counted("test_outputs_equal_oracle_sample"):
@@ -231,7 +245,9 @@ def check_execution(req, dtype, seed) -> None:
     what = _describe(req) + f" {dtype}"
     if oracle.error is not None:
         if is_rejection(oracle.error):
-            assert ours.error is not None, f"{what}: torch rejects ({oracle.describe_error()}), redist_opt does not"
+            assert ours.error is not None, (
+                f"{what}: torch rejects ({oracle.describe_error()}), redist_opt does not"
+            )
             return
         # torch fails inside the LocalTensorMode simulation: check against the
         # independent reference instead
@@ -240,9 +256,7 @@ def check_execution(req, dtype, seed) -> None:
         assert_matches_reference(ours.out, dt, coords, shape, src, exact)
         REPORT.reference_checked.append(what)
     else:
-        assert ours.error is None, (
-            f"{what}: redist_opt raised {ours.describe_error()}; plan {signature(opt)}"
-        )
+        assert ours.error is None, f"{what}: redist_opt raised {ours.describe_error()}; plan {signature(opt)}"
         exact = not any(p.is_partial() and p.reduce_op == "avg" for p in src)
         try:
             assert_same_locals(ours.out, oracle.out, exact=exact)
@@ -269,8 +283,10 @@ def check_execution(req, dtype, seed) -> None:
 
 
 @settings(max_examples=N_PLAN)
-@given(req=requests(MAX_PLAN_RANKS, planning=True),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+@given(
+    req=requests(MAX_PLAN_RANKS, planning=True),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+)
 def test_plan_never_worse_than_torch(req, dtype):
     with _counted("test_plan_never_worse_than_torch"):
         check_plan(req, dtype)
@@ -281,8 +297,10 @@ test_plan_never_worse_than_torch = pytest.mark.slow(test_plan_never_worse_than_t
 
 @settings(max_examples=max(1, N_PLAN // 20))
 @fixed_seed(1311)
-@given(req=requests(MAX_PLAN_RANKS, planning=True),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+@given(
+    req=requests(MAX_PLAN_RANKS, planning=True),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+)
 def test_plan_never_worse_than_torch_sample(req, dtype):
     """The quick tier's sample of the property: other examples than the full one's."""
     with _counted("test_plan_never_worse_than_torch_sample"):
@@ -300,9 +318,11 @@ def check_plan(req, dtype) -> None:
     assert not p.fallback, p.fallback_reason
     ours = redist_opt.optimize(p, groups=req["policy"])
     model = torch_model(p)
-    what = (f"{_describe(req)} {dtype}: ours {signature(ours)} ({ours.bytes_per_rank} B), "
-            f"torch 2.13 {model.describe()} ({[v.bytes_per_rank for v in model.variants]} B), "
-            f"naive {signature(p)}")
+    what = (
+        f"{_describe(req)} {dtype}: ours {signature(ours)} ({ours.bytes_per_rank} B), "
+        f"torch 2.13 {model.describe()} ({[v.bytes_per_rank for v in model.variants]} B), "
+        f"naive {signature(p)}"
+    )
     assert ours.num_collectives <= model.min_collectives, f"more collectives than torch: {what}"
     if LATENCY_TRADE in ours.applied_passes:
         # One all_reduce in place of reduce_scatters + all_reduces trades bytes for
@@ -331,7 +351,11 @@ def _req(sizes, flattened, src, dst, shape, policy="existing"):
     return {
         "sizes": tuple(sizes),
         "flattened": tuple(tuple(names.index(x) for x in g.split("+")) for g in flattened),
-        "src": parse(src), "dst": parse(dst), "shape": tuple(shape), "policy": policy, "op": "sum",
+        "src": parse(src),
+        "dst": parse(dst),
+        "shape": tuple(shape),
+        "policy": policy,
+        "op": "sum",
     }
 
 
@@ -342,7 +366,8 @@ SHRUNK_PLAN = {
     # the same for reductions: all_reduce(c), chunk(c), all_reduce(b): 4 collectives,
     # torch 3 (all_gather(d), all_reduce(b+c), reduce_scatter(a))
     "chunk_between_reductions_blocks_merge": _req(
-        (2, 2, 2, 2), ["b+c"], "P,P,P,S(1)", "S(0),R,S(0),R", (8, 4)),
+        (2, 2, 2, 2), ["b+c"], "P,P,P,S(1)", "S(0),R,S(0),R", (8, 4)
+    ),
     # merged uneven reduce_scatter pads 1 element to 6: 24 B; torch's two: 8 + 12 B
     "merged_uneven_reduce_scatter_pads_more": _req((2, 3), ["a+b"], "P,P", "S(0),S(0)", (1,)),
     # all_reduce(a) moved before all_to_all(b), which would have shrunk the local

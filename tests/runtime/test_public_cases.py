@@ -44,6 +44,7 @@ from support.exact_runs import (
     run_torch_merged,
 )
 from support.inputs import local_tensors
+from support.paths import ROOT
 from support.torch_merge_model import signature, torch_flattened_layouts, torch_model
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -52,8 +53,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import redist_opt
 import redist_opt.api.errors
-
-from support.paths import ROOT
 
 F64 = torch.float64
 
@@ -156,8 +155,14 @@ def test_non_ascending_gather_is_one_all_gather_with_permuted_blocks(shape):
     """_S(0),S(0) -> R,R (FSDP2 + TP's checkpoint gather) on 2x2 with a+b flattened:
     torch 2 all_gathers (its merge pass refuses non-ascending order); we gather once
     over a+b and put the blocks back in shard order locally."""
-    o = run_three((2, 2), "ab", [("a", "b")], [_StridedShard(0, split_factor=2), Shard(0)],
-                  [Replicate(), Replicate()], shape)
+    o = run_three(
+        (2, 2),
+        "ab",
+        [("a", "b")],
+        [_StridedShard(0, split_factor=2), Shard(0)],
+        [Replicate(), Replicate()],
+        shape,
+    )
     assert o.torch.total == 2 and o.ours.total == 1 and o.ours.kinds == {"all_gather": 1}
     assert_fewer(o)
 
@@ -203,8 +208,13 @@ def test_groups_create_creates_once_and_caches():
         created = dict(mesh._flatten_mapping)
         second = run_ours(dt, dst, groups="create")
         after = dict(mesh._flatten_mapping)
-    for who, r in (("torch", torch_run), ("existing", existing), ("first", first),
-                   ("second", second), ("oracle", oracle)):
+    for who, r in (
+        ("torch", torch_run),
+        ("existing", existing),
+        ("first", first),
+        ("second", second),
+        ("oracle", oracle),
+    ):
         assert r.error is None, f"{who} raised {r.describe_error()}"
     assert torch_run.total == 3 and existing.total == 3
     assert first.total == 1 and first.kinds == {"all_reduce": 1}
@@ -263,11 +273,19 @@ _WORLD_SCRIPT = textwrap.dedent(
 
 
 def _world_case(sizes) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    }
     proc = subprocess.run(
         [sys.executable, "-c", _WORLD_SCRIPT, json.dumps(list(sizes))],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -351,10 +369,16 @@ def test_hsdp_reduce_scatter_before_all_reduce(shape):
     full = math.prod(shape)
     chunk = math.ceil(shape[0] / 4) * shape[1]
     # torch: all_reduce the full gradient over dp_replicate, then reduce_scatter over dp_shard
-    assert [(c[0], c[2]) for c in torch_log.calls] == [("all_reduce", g_rep), ("reduce_scatter_tensor", g_shard)]
+    assert [(c[0], c[2]) for c in torch_log.calls] == [
+        ("all_reduce", g_rep),
+        ("reduce_scatter_tensor", g_shard),
+    ]
     assert torch_log.calls[0][1] == full
     # ours: reduce_scatter over dp_shard first, then all_reduce the 1/4-size shard
-    assert [(c[0], c[2]) for c in ours_log.calls] == [("reduce_scatter_tensor", g_shard), ("all_reduce", g_rep)]
+    assert [(c[0], c[2]) for c in ours_log.calls] == [
+        ("reduce_scatter_tensor", g_shard),
+        ("all_reduce", g_rep),
+    ]
     assert ours_log.calls[1][1] <= chunk < full
     p = redist_opt.plan(spec, src, dst, shape=shape, dtype=F64)
     opt = redist_opt.optimize(p)
@@ -430,8 +454,11 @@ MODEL_CASES = [
 @pytest.mark.parametrize(
     "sizes,names,flattened,src,dst,shape",
     MODEL_CASES,
-    ids=[f"{'x'.join(map(str, c[0]))}-{'+'.join('_'.join(g) for g in c[2]) or 'none'}-{c[3]}_to_{c[4]}-"
-         f"{'x'.join(map(str, c[5]))}" for c in MODEL_CASES],
+    ids=[
+        f"{'x'.join(map(str, c[0]))}-{'+'.join('_'.join(g) for g in c[2]) or 'none'}-{c[3]}_to_{c[4]}-"
+        f"{'x'.join(map(str, c[5]))}"
+        for c in MODEL_CASES
+    ],
 )
 def test_torch_merge_model_matches_torch(sizes, names, flattened, src, dst, shape):
     n = math.prod(sizes)
@@ -449,5 +476,7 @@ def test_torch_merge_model_matches_torch(sizes, names, flattened, src, dst, shap
         f"model {signature(model.plan)} ({model.why}) vs torch {torch_run.total} {torch_run.kinds}"
     )
     # ... and on the live mesh's layouts agree
-    live = torch_model(redist_opt.plan(redist_opt.MeshSpec.from_device_mesh(mesh), src, dst, shape=shape), layouts)
+    live = torch_model(
+        redist_opt.plan(redist_opt.MeshSpec.from_device_mesh(mesh), src, dst, shape=shape), layouts
+    )
     assert live.plan.num_collectives == torch_run.total

@@ -11,6 +11,7 @@ import itertools
 import random
 
 import torch
+
 from support.harness import Case
 
 F32, F64, BF16, C64 = torch.float32, torch.float64, torch.bfloat16, torch.complex64
@@ -36,9 +37,7 @@ def lists(vocab, ndim):
 def _valid_src(c):
     """The input DTensor must be constructible: src shard dims in range."""
     nd = len(c.shape)
-    return all(
-        -nd <= int(p[2:-1]) < nd for p in c.src if p.startswith("S(")
-    )
+    return all(-nd <= int(p[2:-1]) < nd for p in c.src if p.startswith("S("))
 
 
 def _dedupe(cases):
@@ -157,13 +156,22 @@ def mesh_variant_cases():
     cases = []
     rng = random.Random(99)
     variants = {
-        "1x4": 2, "2x1x2": 3, "4x1": 2,
-        "explicit2x2": 2, "explicit3x2": 2,
-        "colmajor2x4": 2, "colmajor2x2x2": 3,
-        "reversed2x2": 2, "reversed1d4": 1,
-        "sub_ac_of_2x2x2": 2, "sub_b_of_2x2x2": 1, "sub_bc_of_2x2x2": 2,
+        "1x4": 2,
+        "2x1x2": 3,
+        "4x1": 2,
+        "explicit2x2": 2,
+        "explicit3x2": 2,
+        "colmajor2x4": 2,
+        "colmajor2x2x2": 3,
+        "reversed2x2": 2,
+        "reversed1d4": 1,
+        "sub_ac_of_2x2x2": 2,
+        "sub_b_of_2x2x2": 1,
+        "sub_bc_of_2x2x2": 2,
         "sub_tp_of_2x4": 1,
-        "unflat4_2x2": 2, "unflat8_2x2x2": 3, "unflat8_4x2": 2,
+        "unflat4_2x2": 2,
+        "unflat8_2x2x2": 3,
+        "unflat8_4x2": 2,
         "flat_ac_of_2x2x2": 1,
     }
     for m, nd in variants.items():
@@ -223,9 +231,16 @@ def mixed_partial_cases():
     so the optimized plan merges them into one sum plus a scale."""
     cases = []
     rng = random.Random(1010)
-    for m, nd, k in [("2x2", 2, 16), ("2x2_ab", 2, 40), ("3x2_ab", 2, 24), ("2x4", 2, 16),
-                     ("2x2x2", 3, 32), ("2x2x2_ab_ac_bc_abc", 3, 80), ("unflat8_2x2x2", 3, 24),
-                     ("sub_ac_of_2x2x2", 2, 16)]:
+    for m, nd, k in [
+        ("2x2", 2, 16),
+        ("2x2_ab", 2, 40),
+        ("3x2_ab", 2, 24),
+        ("2x4", 2, 16),
+        ("2x2x2", 3, 32),
+        ("2x2x2_ab_ac_bc_abc", 3, 80),
+        ("unflat8_2x2x2", 3, 24),
+        ("sub_ac_of_2x2x2", 2, 16),
+    ]:
         pairs = [(s, d) for s in lists(V2, nd) for d in lists(V2, nd) if s.count("P") >= 2]
         for s, d in rng.sample(pairs, min(k, len(pairs))):
             s2, d2 = _mix(s, d, rng)
@@ -252,7 +267,9 @@ def chain_cases():
     rng = random.Random(1011)
     # the two canonical chains, even, uneven and zero-size
     for shape in [(8, 6, 4), (8, 8, 4), (5, 3, 2), (8, 0, 4)]:
-        cases.append(Case("2x2x2x2_ab_cd_abcd", ("P", "P", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(0)", "S(0)"), shape))
+        cases.append(
+            Case("2x2x2x2_ab_cd_abcd", ("P", "P", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(0)", "S(0)"), shape)
+        )
     for shape in [(8, 16, 2), (8, 16, 4), (5, 7, 3), (8, 0, 2), (3, 16, 2)]:
         cases.append(Case("2x2x2x2_bcd_cd", ("S(1)",) * 4, ("S(1)", "S(0)", "S(0)", "S(0)"), shape))
     outer = [("P", "P"), ("P", "R"), ("P", "S(1)"), ("R", "P"), ("S(1)", "P")]
@@ -265,12 +282,21 @@ def chain_cases():
     shards = lists(["S(0)", "S(1)", "S(2)"], 4)
     for m in ["2x2x2x2_bcd_cd", "2x2x2x2_ab_cd_abcd"]:
         for _ in range(24):
-            cases.append(Case(m, rng.choice(shards), rng.choice(shards), rng.choice(SHAPES_3D),
-                              rng.choice([F32, F64, C64])))
+            cases.append(
+                Case(
+                    m,
+                    rng.choice(shards),
+                    rng.choice(shards),
+                    rng.choice(SHAPES_3D),
+                    rng.choice([F32, F64, C64]),
+                )
+            )
     # adjacent all_to_alls that cat one tensor dim (merge-adjacent-all-to-alls)
-    srcs = {"2x2_ab": [("S(0)", "S(0)"), ("S(1)", "S(1)"), ("S(2)", "S(2)")],
-            "3x2_ab": [("S(0)", "S(0)"), ("S(2)", "S(2)")],
-            "2x2x2_ab_ac_bc_abc": [("R", "S(0)", "S(0)"), ("S(0)", "S(0)", "S(0)"), ("S(1)", "S(0)", "S(0)")]}
+    srcs = {
+        "2x2_ab": [("S(0)", "S(0)"), ("S(1)", "S(1)"), ("S(2)", "S(2)")],
+        "3x2_ab": [("S(0)", "S(0)"), ("S(2)", "S(2)")],
+        "2x2x2_ab_ac_bc_abc": [("R", "S(0)", "S(0)"), ("S(0)", "S(0)", "S(0)"), ("S(1)", "S(0)", "S(0)")],
+    }
     for m, ss in srcs.items():
         nd = len(ss[0])
         for _ in range(24):

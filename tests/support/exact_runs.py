@@ -77,8 +77,12 @@ def int_input(mesh, lm: LocalTensorMode, src: Sequence[Placement], shape, dtype,
         return t
 
     dt = DTensor.from_local(
-        lm.rank_map(make_local), mesh, list(src), run_check=False,
-        shape=torch.Size(shape), stride=g.stride(),
+        lm.rank_map(make_local),
+        mesh,
+        list(src),
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=g.stride(),
     )
     return dt, coords
 
@@ -113,14 +117,17 @@ def run_oracle(dt: DTensor, dst) -> Run:
     def fn():
         with disable_redistribute_transform_optimization():
             return dt.redistribute(dt.device_mesh, list(dst))
+
     return _counted(fn)
 
 
 def run_torch_merged(dt: DTensor, dst) -> Run:
     """torch 2.13 as shipped: merge pass ON."""
+
     def fn():
         with disable_redistribute_transform_optimization(False):
             return dt.redistribute(dt.device_mesh, list(dst))
+
     return _counted(fn)
 
 
@@ -180,7 +187,9 @@ def assert_matches_reference(out: DTensor, dt: DTensor, coords: dict, shape, src
     for r, c in coords.items():
         got = local_tensors(out)[r]
         want = ref[local_slice(shape, dst_n, tuple(dt.device_mesh.shape), c)].to(got.dtype)
-        assert got.shape == want.shape, f"rank {r}: local shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+        assert got.shape == want.shape, (
+            f"rank {r}: local shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+        )
         if exact:
             assert torch.equal(got, want), f"rank {r}: local\n{got}\n!= reference\n{want}"
         else:
@@ -310,8 +319,16 @@ def run_three(sizes, names, flatten, src, dst, shape, *, groups="existing", seed
         f"torch-2.13 model {model.describe()} != torch's {torch_run.total} {torch_run.kinds}"
     )
     opt = redist_opt.optimize(p, groups=groups)
-    return ThreeRuns(torch=torch_run, ours=ours, oracle=oracle, mesh=mesh, coords=coords,
-                     plan=opt, model=model.plan, spec=spec)
+    return ThreeRuns(
+        torch=torch_run,
+        ours=ours,
+        oracle=oracle,
+        mesh=mesh,
+        coords=coords,
+        plan=opt,
+        model=model.plan,
+        spec=spec,
+    )
 
 
 def assert_fewer(o: ThreeRuns) -> None:

@@ -41,7 +41,14 @@ def case_plans(case: dict):
 def case_argv(case: dict) -> list[str]:
     """The ``redist-opt explain`` arguments of a fixture case."""
     argv = ["explain", "--mesh", case["mesh"], "--src", case["src"], "--dst", case["dst"]]
-    argv += ["--shape", ",".join(map(str, case["shape"])), "--dtype", case["dtype"], "--groups", case["groups"]]
+    argv += [
+        "--shape",
+        ",".join(map(str, case["shape"])),
+        "--dtype",
+        case["dtype"],
+        "--groups",
+        case["groups"],
+    ]
     for f in case["flatten"]:
         argv += ["--flatten", f]
     return argv

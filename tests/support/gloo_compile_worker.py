@@ -32,10 +32,10 @@ def worker(rank: int, port: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from support import compile_models
     import redist_opt
-    from redist_opt.ir.cost import CostModel
     from redist_opt.graph.backend import collectives
+    from redist_opt.ir.cost import CostModel
+    from support import compile_models
 
     warnings.filterwarnings("ignore")
     dist.init_process_group(

@@ -16,39 +16,39 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from support.inputs import parse_placement, pstr
-from support.runs import collective_kind
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor._redistribute import disable_redistribute_transform_optimization
 from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
+from support.inputs import parse_placement, pstr
+from support.runs import collective_kind
 
 WORLD = 4
 COLLECTIVE_TIMEOUT_S = 60
 
 # (mesh, src, dst, shape, dtype name)   mesh: "2x2" or "b" (the 1-D submesh)
 CASES = [
-    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (4, 6), "f32"),       # all_to_all
-    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (5, 3), "f32"),       # all_to_all, uneven
-    ("2x2", ["R", "S(1)"], ["R", "S(0)"], (3, 7), "f32"),       # all_to_all, uneven
-    ("2x2", ["P", "R"], ["R", "R"], (4, 4), "f32"),             # all_reduce sum
-    ("2x2", ["P", "P"], ["S(0)", "S(1)"], (5, 3), "f32"),       # reduce_scatter, uneven
+    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (4, 6), "f32"),  # all_to_all
+    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (5, 3), "f32"),  # all_to_all, uneven
+    ("2x2", ["R", "S(1)"], ["R", "S(0)"], (3, 7), "f32"),  # all_to_all, uneven
+    ("2x2", ["P", "R"], ["R", "R"], (4, 4), "f32"),  # all_reduce sum
+    ("2x2", ["P", "P"], ["S(0)", "S(1)"], (5, 3), "f32"),  # reduce_scatter, uneven
     ("2x2", ["P(avg)", "P(avg)"], ["R", "S(0)"], (5, 3), "f32"),  # avg
-    ("2x2", ["P(avg)", "R"], ["S(1)", "R"], (4, 6), "f64"),     # avg reduce_scatter
+    ("2x2", ["P(avg)", "R"], ["S(1)", "R"], (4, 6), "f64"),  # avg reduce_scatter
     ("2x2", ["P(max)", "R"], ["S(1)", "R"], (3, 5), "f32"),
-    ("2x2", ["S(0)", "S(1)"], ["R", "R"], (7, 5), "f32"),       # all_gather, uneven
-    ("2x2", ["S(0)", "S(0)"], ["R", "S(0)"], (7, 5), "f32"),    # nested shard
+    ("2x2", ["S(0)", "S(1)"], ["R", "R"], (7, 5), "f32"),  # all_gather, uneven
+    ("2x2", ["S(0)", "S(0)"], ["R", "S(0)"], (7, 5), "f32"),  # nested shard
     ("2x2", ["R", "S(0)"], ["S(0)", "S(0)"], (3, 7), "bf16"),
     ("2x2", ["S(1)", "P"], ["S(0)", "R"], (5, 3), "f32"),
     ("2x2", ["P", "S(0)"], ["S(1)", "S(1)"], (6, 4), "c64"),
-    ("2x2", ["S(0)", "R"], ["R", "R"], (0, 4), "f32"),          # zero-size
-    ("2x2", ["P(avg)", "P"], ["R", "R"], (5, 3), "f32"),        # mixed sum/avg: one sum + scale
+    ("2x2", ["S(0)", "R"], ["R", "R"], (0, 4), "f32"),  # zero-size
+    ("2x2", ["P(avg)", "P"], ["R", "R"], (5, 3), "f32"),  # mixed sum/avg: one sum + scale
     ("2x2", ["S(0)", "S(0)"], ["S(1)", "S(2)"], (5, 3, 7), "f32"),  # two all_to_alls -> one, 2-dim split
-    ("b", ["S(0)"], ["S(1)"], (5, 3), "f32"),                   # 1-D submesh
+    ("b", ["S(0)"], ["S(1)"], (5, 3), "f32"),  # 1-D submesh
     ("b", ["P"], ["S(0)"], (3, 2), "f32"),
-    ("2x2", ["S(0)", "R"], ["P", "R"], (4, 4), "f32"),          # rejected by both
+    ("2x2", ["S(0)", "R"], ["P", "R"], (4, 4), "f32"),  # rejected by both
 ]
 ROUTED_CASE = ("2x2", ["P", "S(1)"], ["S(0)", "R"], (5, 3), "f32")
 
@@ -77,8 +77,12 @@ def _make_input(mesh, src, shape, dtype, seed):
         key = tuple(c if not isinstance(p, Replicate) else 0 for c, p in zip(coord, src_p))
         local = (local + _rand(tuple(local.shape), dtype, _seed(seed, key))).to(dtype)
     return DTensor.from_local(
-        local.contiguous(), mesh, src_p, run_check=False,
-        shape=torch.Size(shape), stride=g.stride(),
+        local.contiguous(),
+        mesh,
+        src_p,
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=g.stride(),
     )
 
 
@@ -116,22 +120,25 @@ def _redistribute_both(dt, mesh, dst_p, routed):
 def _check_same_as_torch(name, ref, cand, c1, c2):
     """Our unoptimized plan: same placements, shape, values and collectives as torch."""
     assert tuple(cand.placements) == tuple(ref.placements), (
-        f"{name}: placements {tuple(map(pstr, cand.placements))} != "
-        f"{tuple(map(pstr, ref.placements))}")
+        f"{name}: placements {tuple(map(pstr, cand.placements))} != {tuple(map(pstr, ref.placements))}"
+    )
     assert cand.shape == ref.shape, f"{name}: shape {cand.shape} != {ref.shape}"
     a, b = ref.to_local(), cand.to_local()
     assert b.shape == a.shape and b.dtype == a.dtype, (
-        f"{name}: local {tuple(b.shape)} {b.dtype} != {tuple(a.shape)} {a.dtype}")
+        f"{name}: local {tuple(b.shape)} {b.dtype} != {tuple(a.shape)} {a.dtype}"
+    )
     if not torch.equal(a, b):
         hi = torch.complex128 if a.is_complex() else torch.float64
         d = (a.to(hi) - b.to(hi)).abs()
         raise AssertionError(
             f"{name}: local values differ (max abs diff {d.max().item():.3g}, "
-            f"{int((d != 0).sum())}/{d.numel()} elements)")
+            f"{int((d != 0).sum())}/{d.numel()} elements)"
+        )
     k1, k2 = _counts(c1), _counts(c2)
     assert c2.get_total_counts() == c1.get_total_counts(), (
         f"{name}: collective count {c2.get_total_counts()} {k2} != torch (merge "
-        f"disabled) {c1.get_total_counts()} {k1}")
+        f"disabled) {c1.get_total_counts()} {k1}"
+    )
     # On CPU outside LocalTensorMode torch runs S(i)->S(j) as all_gather +
     # chunk ("CPU process group does not support alltoall yet"); an
     # all_to_all in its place is the same collective count. Any other
@@ -151,8 +158,8 @@ def _check_optimized(name, dt, mesh, dst_p, a, c1):
     with CommDebugMode() as c3:
         opt = redist_opt.redistribute(dt, dst_p, groups="existing")
     assert c3.get_total_counts() <= c1.get_total_counts(), (
-        f"{name}: optimized plan issues {c3.get_total_counts()} collectives > torch "
-        f"{c1.get_total_counts()}")
+        f"{name}: optimized plan issues {c3.get_total_counts()} collectives > torch {c1.get_total_counts()}"
+    )
     o = opt.to_local()
     assert o.shape == a.shape and o.dtype == a.dtype, f"{name}: optimized local {tuple(o.shape)}"
     if not torch.equal(o, a):
@@ -174,15 +181,16 @@ def run_case(rank, meshes, case, routed=False):
     assert torch.equal(dt.to_local(), before), f"{name}: input modified"
     if ref_err is not None:
         assert cand_err is not None, (
-            f"{name}: torch raises {type(ref_err).__name__}: {ref_err} but redist_opt "
-            "returned a DTensor")
+            f"{name}: torch raises {type(ref_err).__name__}: {ref_err} but redist_opt returned a DTensor"
+        )
         assert isinstance(cand_err, (redist_opt.RedistributeError, RuntimeError)), (
-            f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}")
+            f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}"
+        )
         return
     if cand_err is not None:
         raise AssertionError(
-            f"{name}: torch succeeds but redist_opt raised "
-            f"{type(cand_err).__name__}: {cand_err}") from cand_err
+            f"{name}: torch succeeds but redist_opt raised {type(cand_err).__name__}: {cand_err}"
+        ) from cand_err
     _check_same_as_torch(name, ref, cand, c1, c2)
     _check_optimized(name, dt, mesh, dst_p, ref.to_local(), c1)
 
@@ -191,7 +199,9 @@ def worker(rank: int, port: int) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD,
+        "gloo",
+        rank=rank,
+        world_size=WORLD,
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     try:

@@ -33,7 +33,6 @@ if TESTS not in sys.path:
 from redist_opt.graph.graph_pass import count_collectives, optimize_graph  # noqa: E402
 from support.program_report import emit  # noqa: E402
 
-
 # -- programs -------------------------------------------------------------------------------
 
 
@@ -58,8 +57,16 @@ def gathered_params(mesh):
 
     def f(x):
         w1, w2 = x[:2].contiguous(), x[2:].contiguous()
-        g1 = DTensor.from_local(w1, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
-        g2 = DTensor.from_local(w2, dps, [Shard(0)], run_check=False).redistribute(dps, [Replicate()]).to_local()
+        g1 = (
+            DTensor.from_local(w1, dps, [Shard(0)], run_check=False)
+            .redistribute(dps, [Replicate()])
+            .to_local()
+        )
+        g2 = (
+            DTensor.from_local(w2, dps, [Shard(0)], run_check=False)
+            .redistribute(dps, [Replicate()])
+            .to_local()
+        )
         return g1.sum(0) * 10 + g2.sum(0)
 
     return f
@@ -74,7 +81,7 @@ def gathered_params_uneven(mesh):
 
     def shard(w):  # this rank's block of torch.chunk(w, 2): 2 + 1 rows, 3 + 2 rows
         rows = -(-w.shape[0] // 2)
-        local = w[c * rows:(c + 1) * rows].contiguous()
+        local = w[c * rows : (c + 1) * rows].contiguous()
         return DTensor.from_local(local, dps, [Shard(0)], run_check=False, shape=w.shape, stride=w.stride())
 
     def f(x):
@@ -153,8 +160,7 @@ def uneven(mesh):
     tp = mesh["tp"]
 
     def f(x):
-        d = DTensor.from_local(x, tp, [Shard(0)], run_check=False, shape=torch.Size([3, 4]),
-                               stride=(4, 1))
+        d = DTensor.from_local(x, tp, [Shard(0)], run_check=False, shape=torch.Size([3, 4]), stride=(4, 1))
         return d.redistribute(tp, [Replicate()]).to_local() * 2
 
     return f
@@ -401,8 +407,10 @@ def random_program(seed: int):
             # a partial times a scalar stays partial in DTensor (linear): allowed anywhere
             steps.append(("scale", rnd.choice([2, -1, 3])))
         else:
-            tgt = [rnd.choice(["R", "S0", "S1"]) if cur[d] != "P" or rnd.random() < 0.8
-                   else "P" for d in range(2)]
+            tgt = [
+                rnd.choice(["R", "S0", "S1"]) if cur[d] != "P" or rnd.random() < 0.8 else "P"
+                for d in range(2)
+            ]
             steps.append(("redistribute", tuple(tgt)))
             cur = tgt
     return tuple(src), tuple(steps)
@@ -436,8 +444,9 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
     if os.environ.get("GRAPH_PASS_LOG"):
         import faulthandler
 
-        faulthandler.dump_traceback_later(240, exit=False,
-                                          file=open(f"{os.environ['GRAPH_PASS_LOG']}.tb.{rank}", "w"))
+        faulthandler.dump_traceback_later(
+            240, exit=False, file=open(f"{os.environ['GRAPH_PASS_LOG']}.tb.{rank}", "w")
+        )
     for seed in seeds:
         program = random_program(seed)
         _log(rank, "seed", seed, program)
@@ -453,7 +462,7 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
         # Replicas must hold equal data (DTensor's invariant, which rewrites rely on):
         # the input depends only on the coordinates of non-replicated mesh dims.
         coord = mesh.get_coordinate()
-        key = sum(c * 10 ** d for d, (c, p) in enumerate(zip(coord, src)) if p != "R")
+        key = sum(c * 10**d for d, (c, p) in enumerate(zip(coord, src)) if p != "R")
         g = torch.Generator().manual_seed(seed * 1000 + key)
         x = torch.randint(-4, 5, tuple(shape), generator=g).to(torch.float32)
         ref = fn(x)
@@ -465,8 +474,15 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
             _log(rank, gr.get("explain"), gr["code_before"], gr["code_after"])
         assert torch.equal(got, ref), f"rank {rank} seed {seed} {program}: outputs differ"
         assert after <= before, f"rank {rank} seed {seed} {program}: {after} > {before} collectives"
-        results.append({"seed": seed, "program": repr(program), "before": before, "after": after,
-                        "modified": any(gr.get("modified") for gr in rec.graphs)})
+        results.append(
+            {
+                "seed": seed,
+                "program": repr(program),
+                "before": before,
+                "after": after,
+                "modified": any(gr.get("modified") for gr in rec.graphs),
+            }
+        )
     return results
 
 

@@ -46,8 +46,10 @@ class Layer(nn.Module):
         return h + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-PLAN = {**{n: ColwiseParallel() for n in ("q", "k", "v", "gate", "up")},
-        **{n: RowwiseParallel() for n in ("o", "down")}}
+PLAN = {
+    **{n: ColwiseParallel() for n in ("q", "k", "v", "gate", "up")},
+    **{n: RowwiseParallel() for n in ("o", "down")},
+}
 
 
 def build(tp_mesh, seed: int = 0) -> nn.Module:
@@ -78,8 +80,8 @@ def run(rank: int, world: int, reassociate: bool, check: bool) -> dict:
     if check:
         e, c = out["eager"], out["compiled"]
         report["max_diff"] = max(
-            float((a - b).abs().max()) for a, b in zip([e["y"], e["x_grad"], *e["grads"]],
-                                                       [c["y"], c["x_grad"], *c["grads"]])
+            float((a - b).abs().max())
+            for a, b in zip([e["y"], e["x_grad"], *e["grads"]], [c["y"], c["x_grad"], *c["grads"]])
         )
     return report
 

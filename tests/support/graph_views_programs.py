@@ -50,12 +50,21 @@ def build_meshes(world_size: int = 8, degrees=DEGREES) -> dict:
 
     dataloading = unflatten(("pp", "batch", "cp", "tp"), (d["pp"], batch, d["cp"], d["tp"]))
     loss = dataloading["batch", "cp"]._flatten("loss_mesh")
-    dense = unflatten(("pp", "dp_replicate", "dp_shard", "cp", "tp"),
-                      (d["pp"], d["dp_replicate"], d["dp_shard"], d["cp"], d["tp"]))
+    dense = unflatten(
+        ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+        (d["pp"], d["dp_replicate"], d["dp_shard"], d["cp"], d["tp"]),
+    )
     sparse = unflatten(("pp", "dp_replicate", "efsdp", "ep"), (d["pp"], d["dp_replicate"], efsdp, d["ep"]))
     dense["dp_shard", "cp"]._flatten("dp_shard_cp")
-    return {"world": world, "dataloading": dataloading, "loss": loss, "dense": dense, "sparse": sparse,
-            "spmd": dense["dp_shard", "cp", "tp"], "expert": sparse["efsdp", "ep"]}
+    return {
+        "world": world,
+        "dataloading": dataloading,
+        "loss": loss,
+        "dense": dense,
+        "sparse": sparse,
+        "spmd": dense["dp_shard", "cp", "tp"],
+        "expert": sparse["efsdp", "ep"],
+    }
 
 
 def build_meshes_torchtitan(world_size: int = 8, degrees=DEGREES) -> dict:
@@ -66,14 +75,29 @@ def build_meshes_torchtitan(world_size: int = 8, degrees=DEGREES) -> dict:
     # torchtitan picks "cuda" when no accelerator is found; these meshes live on the CPU.
     parallel_dims.device_type = "cpu"
     d = degrees
-    dims = ParallelDims(dp_replicate=d["dp_replicate"], dp_shard=d["dp_shard"], cp=d["cp"], tp=d["tp"],
-                        pp=d["pp"], ep=d["ep"], world_size=world_size, spmd_backend="full_dtensor")
+    dims = ParallelDims(
+        dp_replicate=d["dp_replicate"],
+        dp_shard=d["dp_shard"],
+        cp=d["cp"],
+        tp=d["tp"],
+        pp=d["pp"],
+        ep=d["ep"],
+        world_size=world_size,
+        spmd_backend="full_dtensor",
+    )
     world = dims.build_mesh()
     meshes = dims._global_meshes
     dense, sparse = meshes["dense"], meshes["sparse"]
     dense["dp_shard", "cp"]._flatten("dp_shard_cp")
-    return {"world": world, "dataloading": meshes["dataloading"], "loss": meshes["loss"], "dense": dense,
-            "sparse": sparse, "spmd": dense["dp_shard", "cp", "tp"], "expert": sparse["efsdp", "ep"]}
+    return {
+        "world": world,
+        "dataloading": meshes["dataloading"],
+        "loss": meshes["loss"],
+        "dense": dense,
+        "sparse": sparse,
+        "spmd": dense["dp_shard", "cp", "tp"],
+        "expert": sparse["efsdp", "ep"],
+    }
 
 
 # -- programs: (make(meshes) -> fn, local input shape, mesh given to the pass) -------------------

@@ -43,7 +43,16 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import DTensor, Placement
 
 import redist_opt
-from support.inputs import DTYPE_NAMES, Input, build_input, case_seed, local_tensors, normalize, parse_placement, pstr
+from support.inputs import (
+    DTYPE_NAMES,
+    Input,
+    build_input,
+    case_seed,
+    local_tensors,
+    normalize,
+    parse_placement,
+    pstr,
+)
 from support.meshes import MESHES, MeshFactory, ensure_fake_pg, get_mesh, mesh_coordinates
 from support.reference import oracle_sanity, tolerance
 from support.run_report import REPORT
@@ -112,8 +121,9 @@ def check_case(
     dst_p = [parse_placement(p) for p in dst]
     dst_arg = [pstr(p) for p in dst_p] if dst_as_strings else dst_p
     if seed is None:
-        seed = case_seed(mesh_factory.name, tuple(map(pstr, src_p)),
-                         tuple(map(pstr, dst_p)), tuple(shape), str(dtype))
+        seed = case_seed(
+            mesh_factory.name, tuple(map(pstr, src_p)), tuple(map(pstr, dst_p)), tuple(shape), str(dtype)
+        )
     # Only input construction and the two redistribute calls run inside
     # LocalTensorMode; every check runs outside it (inside, factory functions
     # would create per-rank data).
@@ -163,12 +173,13 @@ def is_rejection(err: BaseException) -> bool:
 
 def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p, optimized=False) -> None:
     if not optimized:
-        REPORT.oracle_artifacts.append(f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
-                                f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}")
+        REPORT.oracle_artifacts.append(
+            f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
+            f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}"
+        )
     if cand.error is not None and optimized:
         raise AssertionError(
-            f"torch fails inside the simulation; the optimized plan raised {cand.describe_error()}"
-            f"\n{cand.tb}"
+            f"torch fails inside the simulation; the optimized plan raised {cand.describe_error()}\n{cand.tb}"
         )
     if cand.error is not None:
         # the same simulation failure (redist_opt reuses torch's primitives)
@@ -180,14 +191,15 @@ def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p, optimiz
     if not mesh_factory.global_check:
         import pytest
 
-        pytest.skip(f"torch fails inside the simulation ({ref.describe_error()}) and "
-                    f"mesh {mesh_factory.name} has no independent reference")
+        pytest.skip(
+            f"torch fails inside the simulation ({ref.describe_error()}) and "
+            f"mesh {mesh_factory.name} has no independent reference"
+        )
     dst_n = tuple(normalize(p, len(shape)) for p in dst_p)
     out = cand.out
     assert isinstance(out, DTensor), f"redist_opt returned {type(out).__name__}"
     assert tuple(out.placements) == dst_n, (
-        f"placements: redist_opt {tuple(map(pstr, out.placements))} != "
-        f"{tuple(map(pstr, dst_n))}"
+        f"placements: redist_opt {tuple(map(pstr, out.placements))} != {tuple(map(pstr, dst_n))}"
     )
     assert tuple(out.shape) == tuple(shape)
     try:
@@ -232,27 +244,20 @@ def compare(
             f"{cand.describe_error()} which is neither RedistributeError nor "
             f"RuntimeError\n{cand.tb}"
         )
-        assert str(cand.error).strip(), (
-            f"redist_opt raised {type(cand.error).__name__} with an empty message"
-        )
+        assert str(cand.error).strip(), f"redist_opt raised {type(cand.error).__name__} with an empty message"
         return
 
     if cand.error is not None:
-        raise AssertionError(
-            f"torch succeeds but redist_opt raised {cand.describe_error()}\n{cand.tb}"
-        )
+        raise AssertionError(f"torch succeeds but redist_opt raised {cand.describe_error()}\n{cand.tb}")
     a, b = ref.out, cand.out
     assert isinstance(b, DTensor), f"redist_opt returned {type(b).__name__}, not DTensor"
     assert tuple(b.placements) == tuple(a.placements), (
-        f"placements: redist_opt {tuple(map(pstr, b.placements))} != torch "
-        f"{tuple(map(pstr, a.placements))}"
+        f"placements: redist_opt {tuple(map(pstr, b.placements))} != torch {tuple(map(pstr, a.placements))}"
     )
     assert b.shape == a.shape, f"global shape: redist_opt {tuple(b.shape)} != torch {tuple(a.shape)}"
     assert b.stride() == a.stride(), f"global stride: redist_opt {b.stride()} != torch {a.stride()}"
     assert b.dtype == a.dtype, f"dtype: redist_opt {b.dtype} != torch {a.dtype}"
-    assert b.device_mesh == a.device_mesh, (
-        f"mesh: redist_opt {b.device_mesh} != torch {a.device_mesh}"
-    )
+    assert b.device_mesh == a.device_mesh, f"mesh: redist_opt {b.device_mesh} != torch {a.device_mesh}"
     la = local_tensors(a)
     lb = local_tensors(b)
     assert set(lb) == set(la), f"ranks: redist_opt {sorted(lb)} != torch {sorted(la)}"
@@ -267,8 +272,10 @@ def compare(
                 rtol, atol = tolerance(x.dtype)
                 if torch.allclose(y, x, rtol=rtol, atol=atol):
                     continue
-            diff = (y.to(torch.complex128 if y.is_complex() else torch.float64)
-                    - x.to(torch.complex128 if x.is_complex() else torch.float64)).abs()
+            diff = (
+                y.to(torch.complex128 if y.is_complex() else torch.float64)
+                - x.to(torch.complex128 if x.is_complex() else torch.float64)
+            ).abs()
             raise AssertionError(
                 f"rank {r}: {who}: local values differ (max abs diff {diff.max().item():.3g}, "
                 f"{int((diff != 0).sum())}/{diff.numel()} elements)"
@@ -284,8 +291,7 @@ def compare(
             f"(merge disabled) {ref.total} {dict(ref.counts)}"
         )
         assert cand.counts == ref.counts, (
-            f"collective kinds: redist_opt {dict(cand.counts)} != torch (merge "
-            f"disabled) {dict(ref.counts)}"
+            f"collective kinds: redist_opt {dict(cand.counts)} != torch (merge disabled) {dict(ref.counts)}"
         )
 
 
@@ -310,8 +316,9 @@ def oracle_only(case: Case) -> Outcome:
     ensure_fake_pg()
     src_p = [parse_placement(p) for p in case.src]
     dst_p = [parse_placement(p) for p in case.dst]
-    seed = case_seed(f.name, tuple(map(pstr, src_p)), tuple(map(pstr, dst_p)),
-                     tuple(case.shape), str(case.dtype))
+    seed = case_seed(
+        f.name, tuple(map(pstr, src_p)), tuple(map(pstr, dst_p)), tuple(case.shape), str(case.dtype)
+    )
     with LocalTensorMode(f.nranks) as lm:
         mesh = get_mesh(f, lm)
         inp = build_input(mesh, lm, src_p, case.shape, case.dtype, seed, mesh_coordinates(f, lm))

@@ -20,7 +20,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 WORLD = 4
-_COLLECTIVES = ("all_reduce", "all_reduce_", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")
+_COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "all_to_all_single",
+)
 
 
 class CollectiveCounter(TorchDispatchMode):
@@ -86,15 +92,22 @@ def _setup(cache_dir: str):
 
 
 def compile_in_order(
-    rank: int, world: int, cache_dir: str, d: int, hidden: int, order: tuple, inductor_config: dict | None = None
+    rank: int,
+    world: int,
+    cache_dir: str,
+    d: int,
+    hidden: int,
+    order: tuple,
+    inductor_config: dict | None = None,
 ) -> dict:
     """Compile (after ``torch._dynamo.reset()``) and run one step of the same block by each
     backend of ``order`` ("torch": ``torch.compile(m)``; "ours": ``redist_opt.backend()``),
     in that order, in this process, with ``inductor_config`` patched into Inductor's config.
     Returns the eager step's count and, per compile, (backend, collectives of the step,
     loss, the cache counters it moved: {"aot_autograd.autograd_cache_hit": n, ...})."""
-    import redist_opt
     from torch._dynamo.utils import counters
+
+    import redist_opt
 
     mesh = _setup(cache_dir)
     # The input needs its grad, as a block's does inside a model: then the input grads of
@@ -115,5 +128,9 @@ def compile_in_order(
 
 
 def _cache_counts(counters) -> dict:
-    return {f"{group}.{k}": v for group in ("aot_autograd", "inductor") for k, v in counters[group].items()
-            if "cache" in k}
+    return {
+        f"{group}.{k}": v
+        for group in ("aot_autograd", "inductor")
+        for k, v in counters[group].items()
+        if "cache" in k
+    }

@@ -69,6 +69,7 @@ def normalize(p: Placement, ndim: int) -> Placement:
         return Shard(p.dim + ndim)
     return p
 
+
 DTYPE_NAMES = {
     torch.float32: "f32",
     torch.float64: "f64",
@@ -159,6 +160,7 @@ def build_input(
     has_partial = any(p.is_partial() for p in src_n)
 
     if all(type(p) in (Replicate, Shard) for p in base):
+
         def base_local(r: int) -> torch.Tensor:
             return g[local_slice(shape, base, mesh_shape, coords[r])]
     else:  # e.g. _StridedShard, which local_slice does not model
@@ -169,15 +171,17 @@ def build_input(
     def make_local(r: int) -> torch.Tensor:
         t = base_local(r).clone().contiguous()
         if has_partial:
-            key = tuple(
-                c if not isinstance(p, Replicate) else 0 for c, p in zip(coords[r], src_n)
-            )
+            key = tuple(c if not isinstance(p, Replicate) else 0 for c, p in zip(coords[r], src_n))
             t = (t + random_tensor(tuple(t.shape), dtype, case_seed(seed, key))).to(dtype)
         return t
 
     lt = lm.rank_map(make_local)
     dt = DTensor.from_local(
-        lt, mesh, list(src), run_check=False, shape=torch.Size(shape),
+        lt,
+        mesh,
+        list(src),
+        run_check=False,
+        shape=torch.Size(shape),
         stride=g.stride(),
     )
     snapshot = {r: t.clone() for r, t in dt._local_tensor._local_tensors.items()}

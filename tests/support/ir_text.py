@@ -26,8 +26,19 @@ from redist_opt.ir.parse import parse_ir
 from redist_opt.ir.text import format_ir
 from redist_opt.passes import PassContext
 
-__all__ = ["parse_ir", "format_ir", "run_pass", "run_pass_notes", "assert_not_transformed", "assert_round_trips", "PassRun",
-           "signature", "notes_of", "mesh"]
+__all__ = [
+    "parse_ir",
+    "format_ir",
+    "run_pass",
+    "run_pass_notes",
+    "assert_not_transformed",
+    "assert_round_trips",
+    "PassRun",
+    "signature",
+    "notes_of",
+    "mesh",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class PassRun:

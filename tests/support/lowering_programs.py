@@ -52,7 +52,14 @@ CASES = [
     ("gather_blocks", "S(0),S(1)", "R,R", (4, 6), "create", {"all_gather", "unpack_blocks", "gather_blocks"}),
     ("gather_blocks_dim1", "S(1),S(2)", "R,R", (2, 4, 6), "create", {"gather_blocks", "unpack_blocks"}),
     ("gather_blocks_swapped", "S(1),S(0)", "R,R", (4, 6, 2), "create", {"gather_blocks", "unpack_blocks"}),
-    ("gather_blocks_uneven", "S(0),S(1)", "R,R", (3, 5), "create", {"gather_blocks", "pad_to", "unpack_blocks"}),
+    (
+        "gather_blocks_uneven",
+        "S(0),S(1)",
+        "R,R",
+        (3, 5),
+        "create",
+        {"gather_blocks", "pad_to", "unpack_blocks"},
+    ),
     ("pad_to_narrow", "R,S(0)", "R,R", (3, 5), "existing", {"pad_to", "narrow"}),
     ("pad_nested", "R,P", "R,S(0)", (3, 5), "existing", {"pad_nested", "narrow"}),
     ("unpad_nested", "S(0),S(0)", "R,R", (3, 5), "create", {"unpad_nested"}),
@@ -158,7 +165,8 @@ def gloo_lowered_plans(rank: int, world: int, names=None) -> dict:
         lowered = _lowered_graph(plan, mesh, groups)(local)
         for who, got in (("eager runtime", eager), ("lowered graph", lowered)):
             assert got.shape == ref.shape and torch.equal(got, ref), (
-                f"rank {rank} {name}: {who} differs from torch:\n{got}\n{ref}")
+                f"rank {rank} {name}: {who} differs from torch:\n{got}\n{ref}"
+            )
         out[name] = sorted(contents)
     return out
 
@@ -197,8 +205,12 @@ def gloo_compiled_gathers(rank: int, world: int) -> dict:
         got, _ = compile_program(fn, x, rec)
         assert torch.equal(got, ref), f"rank {rank} {name}: compiled output differs"
         (graph,) = rec.graphs
-        out[name] = {"before": graph["before"], "after": graph["after"], "explain": graph["explain"],
-                     "unpacked": "aten.permute" in graph["code_after"]}
+        out[name] = {
+            "before": graph["before"],
+            "after": graph["after"],
+            "explain": graph["explain"],
+            "unpacked": "aten.permute" in graph["code_after"],
+        }
     return out
 
 
@@ -217,8 +229,14 @@ def _stripping_backend(keep: tuple[str, ...], graphs: list):
                 del n.meta[k]
         before = count_collectives(gm)
         result = optimize_graph(gm, groups="create", meshes=_MESHES[0])
-        graphs.append({"before": before, "after": count_collectives(gm), "explain": result.explain(),
-                       "code_after": gm.code})
+        graphs.append(
+            {
+                "before": before,
+                "after": count_collectives(gm),
+                "explain": result.explain(),
+                "code_after": gm.code,
+            }
+        )
         return make_boxed_func(gm.forward)
 
     return aot_autograd(fw_compiler=compiler)

@@ -29,12 +29,10 @@ def ensure_fake_pg(world_size: int = WORLD_SIZE) -> None:
         ws = dist.get_world_size()
         if ws < world_size:
             raise RuntimeError(
-                f"default process group already initialised with world size {ws} "
-                f"< {world_size}"
+                f"default process group already initialised with world size {ws} < {world_size}"
             )
         return
     dist.init_process_group("fake", rank=0, world_size=world_size)
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +132,7 @@ def _flattened(root_shape, root_names, flat_dims, flat_name):
 
 def _init_flattened(shape, names, groups):
     """A root mesh with the flattened meshes ``groups`` (tuples of dim names)."""
+
     def build():
         root = init_device_mesh("cpu", tuple(shape), mesh_dim_names=names)
         for g in groups:
@@ -172,12 +171,8 @@ MESHES: dict[str, MeshFactory] = {
         MeshFactory("2x1x2", 4, _init((2, 1, 2))),
         MeshFactory("4x1", 4, _init((4, 1), ("a", "b"))),
         # explicit rank tensors
-        MeshFactory(
-            "explicit2x2", 4, _explicit(lambda: torch.arange(4).reshape(2, 2))
-        ),
-        MeshFactory(
-            "explicit3x2", 6, _explicit(lambda: torch.arange(6).reshape(3, 2), ("r", "c"))
-        ),
+        MeshFactory("explicit2x2", 4, _explicit(lambda: torch.arange(4).reshape(2, 2))),
+        MeshFactory("explicit3x2", 6, _explicit(lambda: torch.arange(6).reshape(3, 2), ("r", "c"))),
         # permuted rank tensors: column-major layouts (each dim's groups are
         # still increasing) ...
         MeshFactory(
@@ -217,21 +212,19 @@ MESHES: dict[str, MeshFactory] = {
         MeshFactory("unflat8_2x2x2", 8, _unflat(8, (2, 2, 2), ("x", "y", "z"))),
         MeshFactory("unflat8_4x2", 8, _unflat(8, (4, 2), ("x", "y"))),
         # a flattened view of two dims of a 3-D mesh (1-D mesh of 4 ranks with stride)
-        MeshFactory(
-            "flat_ac_of_2x2x2", 8, _flattened((2, 2, 2), ("a", "b", "c"), ("a", "c"), "ac")
-        ),
+        MeshFactory("flat_ac_of_2x2x2", 8, _flattened((2, 2, 2), ("a", "b", "c"), ("a", "c"), "ac")),
         # roots with flattened meshes, so groups="existing" plans merge collectives
         MeshFactory("2x2_ab", 4, _init_flattened((2, 2), ("a", "b"), ["ab"])),
         MeshFactory("3x2_ab", 6, _init_flattened((3, 2), ("a", "b"), ["ab"])),
         MeshFactory(
-            "2x2x2_ab_ac_bc_abc", 8,
+            "2x2x2_ab_ac_bc_abc",
+            8,
             _init_flattened((2, 2, 2), ("a", "b", "c"), ["ab", "ac", "bc", "abc"]),
         ),
+        MeshFactory("2x2x2x2_bcd_cd", 16, _init_flattened((2, 2, 2, 2), ("a", "b", "c", "d"), ["bcd", "cd"])),
         MeshFactory(
-            "2x2x2x2_bcd_cd", 16, _init_flattened((2, 2, 2, 2), ("a", "b", "c", "d"), ["bcd", "cd"])
-        ),
-        MeshFactory(
-            "2x2x2x2_ab_cd_abcd", 16,
+            "2x2x2x2_ab_cd_abcd",
+            16,
             _init_flattened((2, 2, 2, 2), ("a", "b", "c", "d"), ["ab", "cd", "abcd"]),
         ),
     ]
@@ -242,5 +235,7 @@ def rank_coordinates(mesh: DeviceMesh, lm: LocalTensorMode) -> dict[int, tuple[i
     """Each simulated rank's coordinate in ``mesh`` (must run inside ``lm``)."""
     coords = mesh.get_coordinate()
     assert coords is not None
-    return {r: tuple(_int_on_rank(c.node if isinstance(c, torch.SymInt) else c, r)
-                     for c in coords) for r in lm.ranks}
+    return {
+        r: tuple(_int_on_rank(c.node if isinstance(c, torch.SymInt) else c, r) for c in coords)
+        for r in lm.ranks
+    }

@@ -26,4 +26,4 @@ def emit(report) -> NoReturn:
 def read(returncode: int, stdout: str, stderr: str) -> dict:
     """The report a program printed; its stderr's tail when it failed or printed none."""
     assert returncode == 0 and MARK in stdout, stderr[-4000:]
-    return json.loads(stdout[stdout.index(MARK) + len(MARK):])
+    return json.loads(stdout[stdout.index(MARK) + len(MARK) :])

@@ -84,8 +84,7 @@ def oracle_sanity(inp: Input, out: DTensor, shape, dst: Sequence[Placement]) -> 
         got = local_tensors(out)[r]
         want = ref[local_slice(shape, dst_n, mesh_shape, c)]
         assert tuple(got.shape) == tuple(want.shape), (
-            f"ORACLE SANITY: rank {r} local shape {tuple(got.shape)} != "
-            f"reference {tuple(want.shape)}"
+            f"ORACLE SANITY: rank {r} local shape {tuple(got.shape)} != reference {tuple(want.shape)}"
         )
         if exact and out_dtype == inp.dt._local_tensor.dtype:
             ok = torch.equal(got, want.to(got.dtype))

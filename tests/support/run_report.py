@@ -14,7 +14,9 @@ from collections import Counter
 class Report:
     examples: Counter = dataclasses.field(default_factory=Counter)  # property -> examples run
     seconds: Counter = dataclasses.field(default_factory=Counter)  # property -> seconds in its bodies
-    traded: Counter = dataclasses.field(default_factory=Counter)  # property -> plans that traded bytes for launches
+    traded: Counter = dataclasses.field(
+        default_factory=Counter
+    )  # property -> plans that traded bytes for launches
     reference_checked: list[str] = dataclasses.field(default_factory=list)  # property examples
     oracle_artifacts: list[str] = dataclasses.field(default_factory=list)  # differential cases
 
@@ -43,8 +45,10 @@ class Report:
             for k, v in sorted(self.traded.items()):
                 lines.append(f"  {k}: {v} plans traded bytes for launches (bounded by modelled time)")
             if self.reference_checked:
-                lines.append(f"  {len(self.reference_checked)} checked against the independent reference "
-                             "(torch failed inside the LocalTensorMode simulation)")
+                lines.append(
+                    f"  {len(self.reference_checked)} checked against the independent reference "
+                    "(torch failed inside the LocalTensorMode simulation)"
+                )
         if self.oracle_artifacts:
             lines.append(
                 f"{len(self.oracle_artifacts)} case(s) where torch failed inside the "

@@ -21,6 +21,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from support.inputs import Input, local_tensors
 
+
 @dataclasses.dataclass
 class Outcome:
     out: DTensor | None = None
@@ -28,11 +29,10 @@ class Outcome:
     tb: str = ""
     counts: Counter = dataclasses.field(default_factory=Counter)
     total: int = 0
-    optimized: "Outcome | None" = None  # check_case: the optimized run's outcome
+    optimized: Outcome | None = None  # check_case: the optimized run's outcome
 
     def describe_error(self) -> str:
         return f"{type(self.error).__name__}: {self.error}"
-
 
 
 def collective_kind(op: Any) -> str:
@@ -91,9 +91,7 @@ def run_candidate(
             if via == "function":
                 if pass_mesh:
                     kwargs["device_mesh"] = inp.mesh
-                o.out = redist_opt.redistribute(
-                    inp.dt, list(dst), groups=groups, passes=passes, **kwargs
-                )
+                o.out = redist_opt.redistribute(inp.dt, list(dst), groups=groups, passes=passes, **kwargs)
             elif via == "enabled":
                 extra = {"cost": kwargs.pop("cost")} if "cost" in kwargs else {}
                 with redist_opt.enabled(groups=groups, passes=passes, **extra):

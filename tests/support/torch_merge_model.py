@@ -111,9 +111,7 @@ def _runs(steps: Sequence[ir.StepInfo]) -> list[tuple[int, int]]:
             continue
         j = i + 1
         while (
-            j < len(steps)
-            and _comm_type(steps[j]) is not None
-            and _placements_mergeable(steps[j], steps[i])
+            j < len(steps) and _comm_type(steps[j]) is not None and _placements_mergeable(steps[j], steps[i])
         ):
             j += 1
         out.append((i, j))
@@ -249,9 +247,7 @@ def torch_model(plan: Plan, flattened=None) -> TorchModel:
     mesh = plan.mesh
     layouts = _layouts_of(mesh, flattened)
     steps = list(plan.steps)
-    verdicts = [
-        (start, end, _verdict(mesh, steps[start:end], layouts)) for start, end in _runs(steps)
-    ]
+    verdicts = [(start, end, _verdict(mesh, steps[start:end], layouts)) for start, end in _runs(steps)]
     why = tuple(v.why for s, e, v in verdicts if e - s > 1)
     open_ = [v for _, _, v in verdicts if v.merged is None]
     if not open_:

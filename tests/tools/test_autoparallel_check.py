@@ -18,7 +18,7 @@ import pytest
 from benchmarks import autoparallel_check as check
 from benchmarks.autoparallel_block import BUILDS, load_block
 
-STAND_IN = '''
+STAND_IN = """
 import torch
 from torch import nn
 from autoparallel.api import AutoParallel  # the example's own entry point: not needed by Block
@@ -38,7 +38,7 @@ class Block(nn.Module):
 
 
 raise SystemExit("the script's top-level run must not execute")
-'''
+"""
 
 
 def test_load_block_takes_the_model_not_the_script(tmp_path):
@@ -69,27 +69,54 @@ def test_missing_autoparallel_prints_install_steps_and_exits_2(monkeypatch, caps
 def test_report_of_a_result():
     # The report's shape on a hand-made result with two ranks (what each rank returns).
     def graphs(after):
-        return [{"graph": "training forward", "before": {"all_gather": 2}, "after": after,
-                 "pass": {"failed": False, "rewritten": [],
-                          "kept": ["S(0),S(0) -> R,R (4, 4) on dp=2,tp=2: all_gather(dp) ; all_gather(tp) => "
-                                   "all_gather(dp+tp): kept: not lowered: the optimized plan needs unpack_blocks"]}}]
+        return [
+            {
+                "graph": "training forward",
+                "before": {"all_gather": 2},
+                "after": after,
+                "pass": {
+                    "failed": False,
+                    "rewritten": [],
+                    "kept": [
+                        "S(0),S(0) -> R,R (4, 4) on dp=2,tp=2: all_gather(dp) ; all_gather(tp) => "
+                        "all_gather(dp+tp): kept: not lowered: the optimized plan needs unpack_blocks"
+                    ],
+                },
+            }
+        ]
 
     builds = {"torch": {"graphs": graphs({"all_gather": 2})}}
     for b in BUILDS[1:]:
         builds[b] = {"graphs": graphs({"all_gather": 1}), "compare": {"bitwise": True, "max_abs_diff": 0.0}}
         if b in ("enabled", "costs"):
             builds[b].update(routed_calls=3, torch_only={}, binding_routed=True)
-    builds["priced"]["placements"] = {"wo.weight": "(Shard(dim=1), Shard(dim=0))", "w1.weight": "(Shard(dim=0),)"}
-    result = {"setting": "gloo", "backend": "gloo", "mesh": [2, 2], "groups": "existing",
-              "dims": {"batch": 2, "seq": 8, "nheads": 4, "dim": 32, "dtype": "float32"},
-              "ranks": [{"rank": r, "builds": builds,
-                         "placements": {"wo.weight": "(Shard(dim=0), Shard(dim=0))", "w1.weight": "(Shard(dim=0),)"}}
-                        for r in range(2)]}  # fmt: skip
+    builds["priced"]["placements"] = {
+        "wo.weight": "(Shard(dim=1), Shard(dim=0))",
+        "w1.weight": "(Shard(dim=0),)",
+    }
+    result = {
+        "setting": "gloo",
+        "backend": "gloo",
+        "mesh": [2, 2],
+        "groups": "existing",
+        "dims": {"batch": 2, "seq": 8, "nheads": 4, "dim": 32, "dtype": "float32"},
+        "ranks": [
+            {
+                "rank": r,
+                "builds": builds,
+                "placements": {"wo.weight": "(Shard(dim=0), Shard(dim=0))", "w1.weight": "(Shard(dim=0),)"},
+            }
+            for r in range(2)
+        ],
+    }
     text = check.format_report(result)
     assert "| training forward | all_gather 2 (2) | all_gather 2 (2) -> all_gather 1 (1) |" in text
     assert "3 calls reached redist_opt on rank 0, 0 handed back to torch" in text
     assert "bitwise equal" in text
-    assert "ILP priced by redist_opt: wo.weight (Shard(dim=0), Shard(dim=0)) -> (Shard(dim=1), Shard(dim=0))" in text
+    assert (
+        "ILP priced by redist_opt: wo.weight (Shard(dim=0), Shard(dim=0)) -> (Shard(dim=1), Shard(dim=0))"
+        in text
+    )
     assert "S(0),S(0) -> R,R: not lowered: the optimized plan needs unpack_blocks" in text
 
 
@@ -122,4 +149,3 @@ def test_autoparallel_block_on_gloo_ranks():
     routed = result["ranks"][0]["builds"]["enabled"]
     assert sum(routed["torch_only"].values()) < routed["routed_calls"]
     assert not any("use_min_cost_redistribution_plan" in reason for reason in routed["torch_only"])
-

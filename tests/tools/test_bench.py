@@ -13,13 +13,12 @@ import sys
 import time
 
 import pytest
-
-from redist_opt.tools.bench import format_wall, planning_bench, wall_bench
-from redist_opt.tools.spawn import SpawnError, run_ranks
-from redist_opt.tools.cli import main
-from redist_opt.ir.cost import KINDS, CostModel
-
 from support.paths import ROOT
+
+from redist_opt.ir.cost import KINDS, CostModel
+from redist_opt.tools.bench import format_wall, planning_bench, wall_bench
+from redist_opt.tools.cli import main
+from redist_opt.tools.spawn import SpawnError, run_ranks
 
 pytestmark = pytest.mark.xdist_group("bench")  # the profile fixture calibrates on 4 gloo ranks
 
@@ -28,16 +27,31 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
         [sys.executable, "-m", "redist_opt.tools.cli", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     """A profile from a reduced calibrate run (shared by the bench test)."""
     out = tmp_path_factory.mktemp("calibrate") / "profile.json"
-    proc = run_cli("calibrate", "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "1",
-                   "--out", str(out), "--timeout", "150")  # fmt: skip
+    proc = run_cli(
+        "calibrate",
+        "--sizes",
+        "1KiB,64KiB",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+        "--timeout",
+        "150",
+    )
     return proc, out
 
 
@@ -68,9 +82,27 @@ def test_bench_end_to_end(profile, tmp_path):
     proc, prof = profile
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "bench.json"
-    proc = run_cli("bench", "--sizes", "1KiB,64KiB", "--iters", "2", "--warmup", "1", "--plan-runs", "3",
-                   "--case", "P,P->R,R", "--case", "S(0),S(1)->S(1),S(0)", "--profile", str(prof),
-                   "--json", str(out), "--timeout", "150")  # fmt: skip
+    proc = run_cli(
+        "bench",
+        "--sizes",
+        "1KiB,64KiB",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--plan-runs",
+        "3",
+        "--case",
+        "P,P->R,R",
+        "--case",
+        "S(0),S(1)->S(1),S(0)",
+        "--profile",
+        str(prof),
+        "--json",
+        str(out),
+        "--timeout",
+        "150",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ours/torch" in proc.stdout and "median us" in proc.stdout
     data = json.loads(out.read_text())
@@ -78,15 +110,21 @@ def test_bench_end_to_end(profile, tmp_path):
     assert planning["case"]["ranks"] == 8 * 16 * 32 * 32
     assert planning["cost_profile_used"] is True
     assert {k for k in planning["timings"]} == {
-        "plan uncached", "optimize uncached", "plan+optimize uncached", "plan cached", "plan+optimize cached",
+        "plan uncached",
+        "optimize uncached",
+        "plan+optimize uncached",
+        "plan cached",
+        "plan+optimize cached",
         "redistribute hot path cached",
-    }  # fmt: skip
+    }
     assert all(t["median_us"] > 0 for t in planning["timings"].values())
     rows = data["wall"]["rows"]
     assert [(r["case"], r["nbytes"]) for r in rows] == [
-        ("P,P -> R,R", 1024), ("P,P -> R,R", 65536),
-        ("S(0),S(1) -> S(1),S(0)", 1024), ("S(0),S(1) -> S(1),S(0)", 65536),
-    ]  # fmt: skip
+        ("P,P -> R,R", 1024),
+        ("P,P -> R,R", 65536),
+        ("S(0),S(1) -> S(1),S(0)", 1024),
+        ("S(0),S(1) -> S(1),S(0)", 65536),
+    ]
     for r in rows:
         assert r["equal"], r
         assert r["torch_ms"] > 0 and r["torch_nomerge_ms"] > 0 and r["ours_ms"] > 0
@@ -102,7 +140,9 @@ def test_wall_bench_judges_our_result_and_flags_torchs_wrong_merge():
     """An uneven gather over the flattened a+b: torch 2.13's merged all_gather is wrong
     (pytorch PR 194457), ours is exact. The row says so and our result still counts as
     equal; the even twin carries no flag."""
-    res = wall_bench([("S(0),S(0)", "R,R", (5, 3)), ("S(0),S(0)", "R,R", (8, 3))], iters=1, warmup=0, timeout=150)
+    res = wall_bench(
+        [("S(0),S(0)", "R,R", (5, 3)), ("S(0),S(0)", "R,R", (8, 3))], iters=1, warmup=0, timeout=150
+    )
     uneven, even = res["rows"]
     assert (uneven["equal"], uneven["torch_equal"]) == (True, False)
     assert (even["equal"], even["torch_equal"]) == (True, True)

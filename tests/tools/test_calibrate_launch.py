@@ -5,7 +5,6 @@ fit, and ``redist-opt calibrate`` started as the ranks of a launched job on gloo
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import subprocess
@@ -13,17 +12,15 @@ import sys
 
 import pytest
 import torch
+from support.paths import ROOT
 
 from redist_opt.ir.cost import KINDS, CostModel
+from redist_opt.ir.cost_fit import fit_per_kind, fit_profile
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools import timing
-from redist_opt.ir.cost_fit import fit_per_kind, fit_profile
 from redist_opt.tools.calibrate import Launch, default_mesh, launched
 from redist_opt.tools.cli import main
 from redist_opt.tools.spawn import free_port
-
-from support.paths import ROOT
-
 
 # -- the launcher's environment -----------------------------------------------------------------
 
@@ -79,6 +76,7 @@ def _accelerator(monkeypatch, kind: str | None) -> None:
     """torch.accelerator reports an accelerator of type ``kind`` (None: none), and device
     events are :class:`_FakeEvent`: the CUDA branch runs on a CPU-only machine without
     touching a device."""
+
     class Accelerator:
         type = kind
 
@@ -123,25 +121,39 @@ def _line(kind, p, link, a, b, sizes=(1024, 65536, 1 << 20)):
 
 
 def test_fit_per_kind_recovers_each_line():
-    ms = (_line("all_reduce", 2, "intra", 1e-3, 2e-9) + _line("all_reduce", 8, "intra", 1.5e-3, 5e-9)
-          + _line("all_gather", 4, "inter", 4e-4, 1e-8) + _line("all_to_all", 2, "intra", 1e-4, 1e-9, sizes=(1024,)))
+    ms = (
+        _line("all_reduce", 2, "intra", 1e-3, 2e-9)
+        + _line("all_reduce", 8, "intra", 1.5e-3, 5e-9)
+        + _line("all_gather", 4, "inter", 4e-4, 1e-8)
+        + _line("all_to_all", 2, "intra", 1e-4, 1e-9, sizes=(1024,))
+    )
     rows = fit_per_kind(ms)
-    assert {r[:3] for r in rows} == {("all_reduce", 2, "intra"), ("all_reduce", 8, "intra"), ("all_gather", 4, "inter")}
+    assert {r[:3] for r in rows} == {
+        ("all_reduce", 2, "intra"),
+        ("all_reduce", 8, "intra"),
+        ("all_gather", 4, "inter"),
+    }
     model = CostModel(fitted=rows)
     for m in ms[:9]:  # every point of the curves with 2+ sizes is reproduced
         assert model.time_of(m["kind"], m["p"], m["link"], m["nbytes"]) == pytest.approx(m["time"], rel=1e-9)
     # Between and beyond the measured sizes: the line through the neighbours.
-    assert model.time_of("all_reduce", 8, "intra", 4 << 20) == pytest.approx(1.5e-3 + 5e-9 * (4 << 20), rel=1e-9)
+    assert model.time_of("all_reduce", 8, "intra", 4 << 20) == pytest.approx(
+        1.5e-3 + 5e-9 * (4 << 20), rel=1e-9
+    )
 
 
 def test_fit_per_kind_keeps_small_sizes_off_the_large_line():
     """A scalar all_reduce that is much cheaper than the line through the larger sizes
     (gloo on 8 ranks) keeps its own segment; a dip between sizes is treated as noise."""
-    ms = [dict(kind="all_reduce", p=8, link="intra", nbytes=n, time=t)
-          for n, t in ((4, 0.010), (1024, 0.028), (4096, 0.026), (65536, 0.030))]  # fmt: skip
+    ms = [
+        dict(kind="all_reduce", p=8, link="intra", nbytes=n, time=t)
+        for n, t in ((4, 0.010), (1024, 0.028), (4096, 0.026), (65536, 0.030))
+    ]
     model = CostModel(fitted=fit_per_kind(ms))
     assert model.time_of("all_reduce", 8, "intra", 4) == pytest.approx(0.010)
-    assert model.time_of("all_reduce", 8, "intra", 1024) == pytest.approx(model.time_of("all_reduce", 8, "intra", 4096))
+    assert model.time_of("all_reduce", 8, "intra", 1024) == pytest.approx(
+        model.time_of("all_reduce", 8, "intra", 4096)
+    )
     assert model.time_of("all_reduce", 8, "intra", 1024) == pytest.approx(0.027)
     assert model.time_of("all_reduce", 8, "intra", 65536) == pytest.approx(0.030)
 
@@ -155,7 +167,9 @@ def test_fitted_terms_price_measured_collectives_and_fall_back_elsewhere():
     # The one measured group size of a kind prices that kind's other sizes too.
     assert fitted.collective_time("all_reduce", one, 1000, spec) == pytest.approx(1e-3 + 1e-6)
     # A kind not measured: the shared alpha-beta terms, exactly as without the table.
-    assert fitted.collective_time("all_gather", world, 1000, spec) == model.collective_time("all_gather", world, 1000, spec)
+    assert fitted.collective_time("all_gather", world, 1000, spec) == model.collective_time(
+        "all_gather", world, 1000, spec
+    )
     # Inter-host groups look up their own rows.
     multi = CostModel(**{**fitted.to_dict(), "devices_per_host": 4})
     assert multi.link(world, spec) == "inter" and multi.link(spec.group((2,)), spec) == "intra"
@@ -163,7 +177,9 @@ def test_fitted_terms_price_measured_collectives_and_fall_back_elsewhere():
 
 
 def test_fitted_round_trips_through_json_and_stays_hashable(tmp_path):
-    model = CostModel(fitted=(("all_reduce", 2, "intra", 1024, 1e-4, 1e-9), ("all_to_all", 4, "inter", 64, 2e-4, 3e-9)))
+    model = CostModel(
+        fitted=(("all_reduce", 2, "intra", 1024, 1e-4, 1e-9), ("all_to_all", 4, "inter", 64, 2e-4, 3e-9))
+    )
     path = tmp_path / "p.json"
     model.save(path)
     assert json.loads(path.read_text())["model"]["fitted"][1] == ["all_to_all", 4, "inter", 64, 2e-4, 3e-9]
@@ -205,9 +221,16 @@ def test_fit_profile_fits_inter_host_terms_when_measured():
 
 
 def _launch_env(rank: int, world: int, local_world: int, port: int) -> dict:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % local_world),
-               LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank % local_world),
+        LOCAL_WORLD_SIZE=str(local_world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     return env
 
@@ -225,24 +248,56 @@ def test_launched_calibrate_on_two_hosts_of_two_ranks(tmp_path):
     cross-host groups measured, only rank 0 writes, and the profile loads."""
     out = tmp_path / "p.json"
     port = free_port()
-    args = [sys.executable, "-m", "redist_opt", "calibrate", "--mesh", "2x2", "--sizes", "1KiB,16KiB",
-            "--iters", "2", "--warmup", "1", "--out", str(out)]  # fmt: skip
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=_launch_env(r, 4, 2, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(4)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "redist_opt",
+        "calibrate",
+        "--mesh",
+        "2x2",
+        "--sizes",
+        "1KiB,16KiB",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        str(out),
+    ]
+    procs = [
+        subprocess.Popen(
+            args,
+            cwd=tmp_path,
+            env=_launch_env(r, 4, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(4)
+    ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outputs
     assert "wrote" in outputs[0] and all("wrote" not in o for o in outputs[1:])
     assert sorted(os.listdir(tmp_path)) == ["p.json"]
     model = CostModel.load(out)
     cal = json.loads(out.read_text())["calibration"]
-    assert (cal["mode"], cal["backend"], cal["device"], cal["devices_per_host"]) == ("launched", "gloo", "cpu", 2)
+    assert (cal["mode"], cal["backend"], cal["device"], cal["devices_per_host"]) == (
+        "launched",
+        "gloo",
+        "cpu",
+        2,
+    )
     assert model.devices_per_host == 2
     groups = {(m["group"], m["p"], m["link"]) for m in cal["measurements"]}
     # dim d1 (stride 1) stays on a host, d0 and the whole mesh span both.
-    assert groups == {("d0", 2, "inter"), ("d1", 2, "intra"), ("d0+d1", 4, "inter"),
-                      ("host", 2, "intra"), ("hosts", 2, "inter")}  # fmt: skip
-    assert {r[:3] for r in model.fitted} == {
-        (k, p, link) for k in KINDS for (_, p, link) in groups}  # fmt: skip
+    assert groups == {
+        ("d0", 2, "inter"),
+        ("d1", 2, "intra"),
+        ("d0+d1", 4, "inter"),
+        ("host", 2, "intra"),
+        ("hosts", 2, "inter"),
+    }
+    assert {r[:3] for r in model.fitted} == {(k, p, link) for k in KINDS for (_, p, link) in groups}
 
 
 @pytest.mark.slow
@@ -252,11 +307,31 @@ def test_torchrun_calibrate_writes_a_profile_bench_loads(tmp_path):
     out = tmp_path / "p.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port", str(free_port()),
-         "-m", "redist_opt", "calibrate", "--sizes", "1KiB,16KiB", "--iters", "2", "--warmup", "1",
-         "--out", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=4",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "redist_opt",
+            "calibrate",
+            "--sizes",
+            "1KiB,16KiB",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     model = CostModel.load(out)
     cal = json.loads(out.read_text())["calibration"]
@@ -265,19 +340,34 @@ def test_torchrun_calibrate_writes_a_profile_bench_loads(tmp_path):
     assert main(["bench", "--part", "planning", "--plan-runs", "2", "--profile", str(out)]) == 0
 
 
-@pytest.mark.parametrize("world, mesh", [(2, (2,)), (3, (3,)), (4, (2, 2)), (6, (2, 3)), (8, (2, 2, 2)),
-                                         (16, (2, 2, 4)), (12, (2, 2, 3)), (1, (1,))])
+@pytest.mark.parametrize(
+    "world, mesh",
+    [
+        (2, (2,)),
+        (3, (3,)),
+        (4, (2, 2)),
+        (6, (2, 3)),
+        (8, (2, 2, 2)),
+        (16, (2, 2, 4)),
+        (12, (2, 2, 3)),
+        (1, (1,)),
+    ],
+)
 def test_default_mesh_of_a_launched_world_measures_several_group_sizes(world, mesh):
     assert default_mesh(world) == mesh
 
 
 def test_unmeasured_group_sizes_interpolate_between_measured_curves():
-    rows = fit_per_kind(_line("all_reduce", 2, "intra", 1e-3, 0.0) + _line("all_reduce", 8, "intra", 4e-3, 0.0))
+    rows = fit_per_kind(
+        _line("all_reduce", 2, "intra", 1e-3, 0.0) + _line("all_reduce", 8, "intra", 4e-3, 0.0)
+    )
     model = CostModel(fitted=rows)
     assert model.time_of("all_reduce", 4, "intra", 1024) == pytest.approx(2e-3)  # between 2 and 8
     assert model.time_of("all_reduce", 14, "intra", 1024) == pytest.approx(7e-3)  # past 8: the same slope
     # A kind never measured on that link: the alpha-beta formula.
-    assert model.time_of("all_gather", 4, "intra", 1024) == CostModel().time_of("all_gather", 4, "intra", 1024)
+    assert model.time_of("all_gather", 4, "intra", 1024) == CostModel().time_of(
+        "all_gather", 4, "intra", 1024
+    )
 
 
 def test_builtin_gloo_is_measured_and_gloo_ring_is_the_textbook_model():
@@ -289,4 +379,5 @@ def test_builtin_gloo_is_measured_and_gloo_ring_is_the_textbook_model():
     merged = gloo.collective_time("all_reduce", world, 4, spec)
     assert merged < sum(gloo.collective_time("all_reduce", g, 4, spec) for g in pairs)
     assert ring.collective_time("all_reduce", world, 4, spec) > sum(
-        ring.collective_time("all_reduce", g, 4, spec) for g in pairs)
+        ring.collective_time("all_reduce", g, 4, spec) for g in pairs
+    )

@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from support import harness, meshes
 from support.inputs import pstr
-import pytest
 from torch.distributed.device_mesh import init_device_mesh
 
 import redist_opt
 from benchmarks.quality import sim_shape
-from redist_opt.tools.corpus import CATEGORIES, DEFAULT_CORPUS, load_corpus
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.tools.corpus import CATEGORIES, DEFAULT_CORPUS, load_corpus
 
 CASES = load_corpus()
 BY_ID = {c.id: c for c in CASES}
@@ -60,7 +60,9 @@ def _uneven_dims(case) -> list[int]:
     src, dst = case.placements()
     out = []
     for d, n in enumerate(case.shape):
-        m = math.prod(s for s, a, b in zip(spec.sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b)))
+        m = math.prod(
+            s for s, a, b in zip(spec.sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b))
+        )
         if n % m:
             out.append(d)
     return out
@@ -85,8 +87,9 @@ def test_case_schema(case):
     assert len(sim) == len(case.shape) and scale * math.prod(sim) == math.prod(case.shape)
     # The simulation shape shards like the real one: even dims stay even, uneven stay as they are.
     for d, (n, m) in enumerate(zip(case.shape, sim)):
-        sharding = math.prod(s for s, a, b in zip(spec.sizes, src, dst)
-                             if any(p.is_shard() and p.dim == d for p in (a, b)))
+        sharding = math.prod(
+            s for s, a, b in zip(spec.sizes, src, dst) if any(p.is_shard() and p.dim == d for p in (a, b))
+        )
         assert (n % sharding == 0) == (m % sharding == 0)
     assert case.spec().num_ranks <= 64
 
@@ -150,5 +153,6 @@ def test_sample_differential(case_id):
     # inputs.build_input draws randn(*shape), which needs a dim: a scalar norm runs as
     # a 1-element vector (the same collectives).
     sim = sim or (1,)
-    harness.check_case(_factory(case), [pstr(p) for p in src], [pstr(p) for p in dst],
-                       sim, case.torch_dtype())
+    harness.check_case(
+        _factory(case), [pstr(p) for p in src], [pstr(p) for p in dst], sim, case.torch_dtype()
+    )

@@ -9,10 +9,17 @@ import math
 
 import pytest
 
-from redist_opt.ir.cost import CostModel
 from benchmarks.decisions import (
-    RANKS, DecisionCase, alternatives, decision_cases, format_decisions, judge, measure_decisions, told_apart,
+    RANKS,
+    DecisionCase,
+    alternatives,
+    decision_cases,
+    format_decisions,
+    judge,
+    measure_decisions,
+    told_apart,
 )
+from redist_opt.ir.cost import CostModel
 
 LOSS = DecisionCase("loss", "dp=2,cp=2,tp=2", (), "P,P,P", "R,R,R", ())
 
@@ -24,7 +31,8 @@ def test_cases_are_eight_rank_and_scaled_down():
     assert len({c.id for c in cases}) == len(cases)
     # Scalars (loss, grad norm) once however many targets.
     assert len([c for c in decision_cases(targets=(4096, 1 << 20)) if c.shape == ()]) == len(
-        [c for c in cases if c.shape == ()])
+        [c for c in cases if c.shape == ()]
+    )
 
 
 def test_alternatives_of_a_loss_reduction_are_separate_and_merged():
@@ -39,11 +47,21 @@ def test_alternatives_of_a_loss_reduction_are_separate_and_merged():
 def _measured(times: dict[str, float], stderr: float = 1e-4) -> dict:
     alts = alternatives(LOSS, [])
     by_count = {len(p.collectives()): (label, p) for label, p in alts}
-    return {"ranks": RANKS, "iters": 5, "wall_s": 0.0, "cases": [{
-        "case": {"id": "loss"}, "equal": True,
-        "alternatives": [{"label": by_count[n][0], "plan": by_count[n][1], "median_s": t, "stderr_s": stderr}
-                         for n, t in times.items()],
-    }]}  # fmt: skip
+    return {
+        "ranks": RANKS,
+        "iters": 5,
+        "wall_s": 0.0,
+        "cases": [
+            {
+                "case": {"id": "loss"},
+                "equal": True,
+                "alternatives": [
+                    {"label": by_count[n][0], "plan": by_count[n][1], "median_s": t, "stderr_s": stderr}
+                    for n, t in times.items()
+                ],
+            }
+        ],
+    }
 
 
 def test_judge_counts_the_pick_against_the_measured_faster_one():

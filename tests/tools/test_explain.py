@@ -15,18 +15,28 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from support.explain_cases import case_argv, case_plans, load_cases
 
 import redist_opt
-from redist_opt.tools import cli
 from redist_opt.debug import dump, explain
 from redist_opt.debug.units import format_bytes, format_time
 from redist_opt.ir.cost import CostModel
-
-from support.explain_cases import case_argv, case_plans, load_cases
+from redist_opt.tools import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCEPTANCE = ["explain", "--mesh", "a=2,b=2,c=2", "--flatten", "a+c", "--src", "P,P,P", "--dst", "R,S(0),R",
-              "--shape", "8,4"]
+ACCEPTANCE = [
+    "explain",
+    "--mesh",
+    "a=2,b=2,c=2",
+    "--flatten",
+    "a+c",
+    "--src",
+    "P,P,P",
+    "--dst",
+    "R,S(0),R",
+    "--shape",
+    "8,4",
+]
 
 
 def run(argv, capsys):
@@ -50,7 +60,8 @@ def test_acceptance_text(capsys):
     for plan in (naive, optimized):
         for c in plan.collectives():
             line = next(
-                l for l in out.splitlines()
+                l
+                for l in out.splitlines()
                 if f" {c.kind}" in l and f" {L_fmt(c.group)} " in l and c.group.name(plan.mesh) in l
             )
             assert format_bytes(c.bytes_in) in line
@@ -74,8 +85,12 @@ def test_acceptance_json(capsys):
     assert code == 0, err
     data = json.loads(out)
     assert data["schema"] == explain.SCHEMA
-    assert data["request"]["mesh"] == {"sizes": [2, 2, 2], "names": ["a", "b", "c"], "num_ranks": 8,
-                                       "flattened": ["a+c"]}
+    assert data["request"]["mesh"] == {
+        "sizes": [2, 2, 2],
+        "names": ["a", "b", "c"],
+        "num_ranks": 8,
+        "flattened": ["a+c"],
+    }
     assert data["request"]["src"] == ["P", "P", "P"] and data["request"]["dst"] == ["R", "S(0)", "R"]
     naive = data["plans"]["naive"]
     assert naive["num_collectives"] == 3 and naive["bytes_per_rank"] == 320
@@ -88,9 +103,11 @@ def test_acceptance_json(capsys):
     assert [n["op"] for n in naive["ir"]] == ["input", "all_reduce", "reduce_scatter", "all_reduce", "output"]
     # same content as the library call
     naive_p, optimized_p = case_plans(load_cases()["design1_nonconsecutive_reductions"])
-    assert data == json.loads(json.dumps(
-        explain.explain_data(naive_p, optimized_p, cost_model=CostModel.default(), groups="existing")
-    ))
+    assert data == json.loads(
+        json.dumps(
+            explain.explain_data(naive_p, optimized_p, cost_model=CostModel.default(), groups="existing")
+        )
+    )
 
 
 def test_json_schema_keys_are_stable(capsys):
@@ -102,13 +119,37 @@ def test_json_schema_keys_are_stable(capsys):
     assert set(data["cost_model"]) == {"name", "devices_per_host", "algorithm", "source"}
     assert set(data["ratio"]) == {"collectives", "bytes_per_rank", "time"}
     for p in data["plans"].values():
-        assert set(p) == {"fallback_reason", "applied_passes", "num_collectives", "bytes_per_rank", "time_s",
-                          "collectives", "ir"}
+        assert set(p) == {
+            "fallback_reason",
+            "applied_passes",
+            "num_collectives",
+            "bytes_per_rank",
+            "time_s",
+            "collectives",
+            "ir",
+        }
         for c in p["collectives"]:
-            assert set(c) == {"index", "node", "kind", "reduce_op", "group", "bytes_per_rank", "time_s",
-                              "from_nodes"}
-            assert set(c["group"]) == {"dims", "dim_indices", "size", "layout", "layout_shape", "layout_stride",
-                                       "num_groups", "rank_lists", "exists"}
+            assert set(c) == {
+                "index",
+                "node",
+                "kind",
+                "reduce_op",
+                "group",
+                "bytes_per_rank",
+                "time_s",
+                "from_nodes",
+            }
+            assert set(c["group"]) == {
+                "dims",
+                "dim_indices",
+                "size",
+                "layout",
+                "layout_shape",
+                "layout_stride",
+                "num_groups",
+                "rank_lists",
+                "exists",
+            }
         for n in p["ir"]:
             assert set(n) == {"name", "op", "args", "inputs", "shape", "from_nodes"}
     for n in data["notes"]:
@@ -142,7 +183,9 @@ def test_format_dot(capsys):
 
 def test_svg_and_mesh_svg_files(tmp_path, capsys):
     plan_svg, mesh_svg = tmp_path / "out" / "plan.svg", tmp_path / "out" / "mesh.svg"
-    code, out, err = run(ACCEPTANCE + ["--no-ir", "--svg", str(plan_svg), "--mesh-svg", str(mesh_svg)], capsys)
+    code, out, err = run(
+        ACCEPTANCE + ["--no-ir", "--svg", str(plan_svg), "--mesh-svg", str(mesh_svg)], capsys
+    )
     assert code == 0, err
     assert "IR (naive)" not in out
     for path in (plan_svg, mesh_svg):
@@ -154,8 +197,21 @@ def test_svg_and_mesh_svg_files(tmp_path, capsys):
 def test_dump_dir_writes_one_file_per_changed_pass(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(dump.DUMP_PASSES_ENV, raising=False)
     # A shape no other test uses, so the pipeline's plan cache cannot skip the run.
-    argv = ["explain", "--mesh", "a=2,b=2,c=2", "--flatten", "a+c", "--src", "P,P,P", "--dst", "R,S(0),R",
-            "--shape", "8,44", "--dump-dir", str(tmp_path / "dumps")]
+    argv = [
+        "explain",
+        "--mesh",
+        "a=2,b=2,c=2",
+        "--flatten",
+        "a+c",
+        "--src",
+        "P,P,P",
+        "--dst",
+        "R,S(0),R",
+        "--shape",
+        "8,44",
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+    ]
     code, out, err = run(argv, capsys)
     assert code == 0, err
     assert os.environ.get(dump.DUMP_DIR_ENV) is None  # set for the run only
@@ -252,9 +308,25 @@ def test_cli_error_bad_dump_filter(tmp_path, capsys, monkeypatch):
 def test_cli_error_in_a_real_process():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-m", "redist_opt.tools.cli", "explain", "--mesh", "a=2,b=2", "--src", "S(0),R",
-         "--dst", "R,S(5)", "--shape", "8,4"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "redist_opt.tools.cli",
+            "explain",
+            "--mesh",
+            "a=2,b=2",
+            "--src",
+            "S(0),R",
+            "--dst",
+            "R,S(5)",
+            "--shape",
+            "8,4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""

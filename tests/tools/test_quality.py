@@ -21,10 +21,10 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
 from support.inputs import build_input
 from support.paths import ROOT
 from support.runs import collective_kind
-import pytest
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
@@ -61,8 +61,21 @@ def test_modelled_torch_equals_the_run_on_the_whole_corpus(tmp_path):
     cases = load_corpus()
     modelled = quality.quality_bench(cases)
     out = tmp_path / "run.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.quality", "--no-verify", "--json", str(out),
-                    "--report", str(tmp_path / "run.md")], check=True, timeout=600, cwd=ROOT)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.quality",
+            "--no-verify",
+            "--json",
+            str(out),
+            "--report",
+            str(tmp_path / "run.md"),
+        ],
+        check=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     run = json.loads(out.read_text())
     assert len(modelled["cases"]) == len(cases) > 50
     for m, r in zip(modelled["cases"], run["cases"]):
@@ -107,8 +120,10 @@ def test_known_torch_numbers(result):
     assert row["existing"]["bytes"] == full + full // 4
     model = CostModel.default()
     assert row["torch"]["time"] == pytest.approx(
-        sum(model.collective_time(k, BY_ID["hsdp_grad"].spec().group(d), full, BY_ID["hsdp_grad"].spec())
-            for k, d in (("all_reduce", (0,)), ("reduce_scatter", (1,))))
+        sum(
+            model.collective_time(k, BY_ID["hsdp_grad"].spec().group(d), full, BY_ID["hsdp_grad"].spec())
+            for k, d in (("all_reduce", (0,)), ("reduce_scatter", (1,)))
+        )
     )
 
 
@@ -199,8 +214,24 @@ def test_unsupported_case_is_listed_not_raised():
 def test_bench_part_quality(tmp_path, capsys):
     """`redist-opt bench --part quality` beside the bench's own options; bad input exits 2."""
     out, js = tmp_path / "q.md", tmp_path / "q.json"
-    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--profile", "gloo",
-                 "--report", str(out), "--json", str(js)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--part",
+                "quality",
+                "--corpus-case",
+                "gradnorm_3d",
+                "--profile",
+                "gloo",
+                "--report",
+                str(out),
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     text = out.read_text()
     assert "| gradnorm_3d | grad_norm |" in text and "## Totals" in text and "cost model 'gloo'" in text
     assert "## Verification" not in text  # the harness's section: the command verifies nothing
@@ -208,8 +239,20 @@ def test_bench_part_quality(tmp_path, capsys):
     assert main(["bench", "--part", "quality", "--corpus-case", "nope"]) == 2
     assert "unknown case id" in capsys.readouterr().err
     assert main(["bench", "--part", "quality", "--corpus", str(tmp_path / "missing.json")]) == 2
-    assert main(["bench", "--part", "quality", "--corpus-case", "gradnorm_3d", "--profile",
-                 str(tmp_path / "nope.json")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--part",
+                "quality",
+                "--corpus-case",
+                "gradnorm_3d",
+                "--profile",
+                str(tmp_path / "nope.json"),
+            ]
+        )
+        == 2
+    )
     assert "--profile" in capsys.readouterr().err
 
 
