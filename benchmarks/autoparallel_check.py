@@ -195,7 +195,8 @@ def _reason_of(line: str) -> str:
 def format_report(result: dict) -> str:
     dims = result["dims"]
     lines = [
-        f"## {result['setting']}: {result['backend']} process group, mesh {'x'.join(map(str, result['mesh']))} (dp, tp), "
+        f"## {result['setting']}: {result['backend']} process group, "
+        f"mesh {'x'.join(map(str, result['mesh']))} (dp, tp), "
         f"batch {dims['batch']}/dp rank, seq {dims['seq']}, {dims['nheads']} heads, dim {dims['dim']}, "
         f"{dims['dtype']} parameters, groups={result['groups']!r}",
         "",
@@ -258,7 +259,8 @@ def _comparison_lines(result: dict) -> list[str]:
         worst = max(c["max_abs_diff"] for c in cmp)
         rel = max(c.get("max_rel_diff", float("nan")) for c in cmp)
         lines.append(
-            f"- values ({BUILD_TITLES[build]} vs {BUILD_TITLES[REFERENCE[build]]}, output, inference output and "
+            f"- values ({BUILD_TITLES[build]} vs {BUILD_TITLES[REFERENCE[build]]}, "
+            "output, inference output and "
             "every gradient, "
             f"{len(ranks)} ranks): "
             + (
@@ -271,7 +273,8 @@ def _comparison_lines(result: dict) -> list[str]:
 
 
 def cmd_autoparallel(args) -> int:
-    """``python -m benchmarks.autoparallel_check``: exit 0, 1 when the ranks failed, 2 without autoparallel."""
+    """``python -m benchmarks.autoparallel_check``: exit 0, 1 when the ranks failed, 2 without
+    autoparallel."""
     missing = autoparallel_missing()
     if missing:
         print(f"benchmarks.autoparallel_check: {missing}", file=sys.stderr)

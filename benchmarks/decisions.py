@@ -186,7 +186,7 @@ def _decisions_worker(rank: int, world: int, cases, profile_dicts, iters: int, w
         if not alts:
             continue
         x = _local_input(mesh, case, rank)
-        fns = [lambda g=p.graph: execute(g, x, mesh, groups="create") for _, p in alts]
+        fns = [lambda g=p.graph, x=x, mesh=mesh: execute(g, x, mesh, groups="create") for _, p in alts]
         outs = [f() for f in fns]
         equal = all(
             o.shape == outs[0].shape and torch.allclose(o, outs[0], rtol=1e-4, atol=1e-4) for o in outs
@@ -300,12 +300,17 @@ def format_decisions(verdicts: Sequence[dict], measured: dict, *, all_pairs: boo
     ]
     for v in verdicts:
         lines.append(
-            f"  profile {v['profile']}: {v['correct']}/{v['judged']} = {v['accuracy'] * 100:.0f}% of pairs beyond "
-            f"noise the model picks the measured faster one ({len(v['pairs'])} pairs, {v['beyond_noise']} beyond "
+            f"  profile {v['profile']}: {v['correct']}/{v['judged']} = "
+            f"{v['accuracy'] * 100:.0f}% of pairs beyond "
+            "noise the model picks the measured faster one "
+            f"({len(v['pairs'])} pairs, {v['beyond_noise']} beyond "
             f"noise, {v['model_ties']} modelled equal)"
         )
     lines.append("")
-    head = f"{'case':<44} {'alternative a':<26} {'alternative b':<26} {'meas a ms':>10} {'meas b ms':>10} {'noise':>6}"
+    head = (
+        f"{'case':<44} {'alternative a':<26} {'alternative b':<26} "
+        f"{'meas a ms':>10} {'meas b ms':>10} {'noise':>6}"
+    )
     head += "".join(f" {_column_label(v['profile']):>14}" for v in verdicts)
     lines.append(head)
     first = verdicts[0]["pairs"] if verdicts else []

@@ -250,7 +250,8 @@ def _report(results: dict) -> None:
             print(f"enter/exit enabled() [{r.get('setting')}]: not measured: {r['error']}")
             continue
         print(
-            f"enter/exit enabled() [{r['setting']:12}] {r['modules']:5d} modules: median {r['median_ms']:.4f} ms"
+            f"enter/exit enabled() [{r['setting']:12}] {r['modules']:5d} modules: "
+            f"median {r['median_ms']:.4f} ms"
             f" (p90 {r['p90_ms']:.4f})  {r['note']}"
         )
     calls = results.get("calls")
@@ -261,7 +262,8 @@ def _report(results: dict) -> None:
         )
         for row in calls["rows"]:
             print(
-                f"  {row['transition']:22} collectives torch {row['collectives'][0]} ours {row['collectives'][1]}"
+                f"  {row['transition']:22} collectives torch {row['collectives'][0]} "
+                f"ours {row['collectives'][1]}"
                 f"  torch {row['torch_us']:7.1f} us  ours {row['ours_us']:7.1f} us  ratio {row['median']:.3f}"
                 f"  [{row['group']}]"
             )

@@ -328,7 +328,8 @@ def _verification_section(result: dict) -> list[str]:
     lines = ["", "## Verification", ""]
     lines.append(
         f"{n_verified - len(failures)} of {n_verified} of our plans of the simulation shapes, executed on "
-        "the simulated meshes, issued exactly the collectives (kind and ranks, in order) and bytes they claim."
+        "the simulated meshes, issued exactly the collectives (kind and ranks, in order) "
+        "and bytes they claim."
     )
     for v in failures:
         lines.append(f"- {v['id']} groups={v['policy']}: executed {v['executed']}, planned {v['planned']}")

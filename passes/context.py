@@ -154,7 +154,10 @@ class PassContext:
         3. otherwise the modelled time: no slower, or, with fewer collectives, at most
            ``MARGIN`` slower.
         """
-        times = f"{what} {after.time * 1e6:.1f}us vs {before.time * 1e6:.1f}us under the {self.cost.name} cost model"
+        times = (
+            f"{what} {after.time * 1e6:.1f}us vs {before.time * 1e6:.1f}us "
+            f"under the {self.cost.name} cost model"
+        )
         if trades_bytes:
             return (True, times) if after.time < before.time else (False, "cost: " + times)
         if after.nbytes > before.nbytes:

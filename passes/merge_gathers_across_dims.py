@@ -43,7 +43,8 @@ Legality:
 
 The merge is made where the profitability rule (``PassContext.profitable``, via
 ``_merge.choose`` over the contiguous splits) says one all_gather pays against the
-ones it replaces (never more bytes in than separately). Under a ring model (gloo) one gather over p ranks has p-1
+ones it replaces (never more bytes in than separately). Under a ring model (gloo)
+one gather over p ranks has p-1
 latency steps against (a-1)+(b-1) separately, so it rarely pays there; under the
 tree/launch-bound default profile it does.
 

@@ -198,7 +198,10 @@ def test_import_loads_no_renderer_cli_or_benchmark():
 
 def test_the_command_line_imports_a_command_when_it_runs():
     """Building ``redist-opt``'s parser loads no command's module (they load when run)."""
-    code = "import sys; from redist_opt.tools import cli; cli.build_parser(); print('\\n'.join(sorted(sys.modules)))"
+    code = (
+        "import sys; from redist_opt.tools import cli; cli.build_parser(); "
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
     loaded = set(
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -44,7 +44,8 @@ def bootstrap_interval(
     times give the same interval."""
     if len(torch_times) != len(ours_times) or not torch_times:
         raise ValueError(
-            f"paired step times expected: {len(torch_times)} torch, {len(ours_times)} ours (one of each per round)"
+            f"paired step times expected: {len(torch_times)} torch, {len(ours_times)} ours "
+            "(one of each per round)"
         )
     rng = random.Random(seed)
     n = len(torch_times)

@@ -120,7 +120,8 @@ def cmd_wall(args, configs: list) -> int:
     print(
         f"\nStep wall, {args.rounds} interleaved rounds after {args.warmup} warm-up steps per variant; "
         "a step's time is its slowest rank's; ratio = median(torch) / median(ours), > 1: ours faster; "
-        f"interval: paired bootstrap ({stats.BOOTSTRAP_SAMPLES} resamples of rounds); comm share: time with a "
+        f"interval: paired bootstrap ({stats.BOOTSTRAP_SAMPLES} resamples of rounds); "
+        "comm share: time with a "
         f"gloo collective in flight / step, median of {PROFILE_STEPS} profiled steps on every rank.\n"
     )
     print(format_markdown(results))

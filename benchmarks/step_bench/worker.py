@@ -122,7 +122,7 @@ def batches_for(dims, steps: int) -> list:
     ]
 
 
-def train_step(model, opt, dims, inputs, labels, gnorm=contextlib.nullcontext()):
+def train_step(model, opt, dims, inputs, labels, gnorm=None):
     """torchtitan's train step: token count over the batch mesh, forward, loss, backward,
     ``clip_grad_norm_`` (inside ``gnorm``, which counts its collectives) and the optimizer step."""
     from torchtitan.components.loss import cross_entropy_loss
@@ -142,7 +142,7 @@ def train_step(model, opt, dims, inputs, labels, gnorm=contextlib.nullcontext())
     loss = cross_entropy_loss(pred, labels) / global_tokens
     del pred
     loss.backward()
-    with gnorm:
+    with gnorm if gnorm is not None else contextlib.nullcontext():
         dist_utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=True)
     opt.step()
     return loss.detach()

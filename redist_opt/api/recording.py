@@ -295,7 +295,10 @@ class Recording:
 
     def __repr__(self) -> str:
         calls = sum(e["count"] for e in self.redistributions)
-        return f"Recording({len(self.redistributions)} distinct redistributions, {calls} calls, ranks {self.ranks})"
+        return (
+            f"Recording({len(self.redistributions)} distinct redistributions, "
+            f"{calls} calls, ranks {self.ranks})"
+        )
 
 
 class _RecordBlock:

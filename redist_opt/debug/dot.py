@@ -152,7 +152,7 @@ def plans_to_dot(plans: Sequence[tuple[str, object]], *, name: str = "redist_opt
         out.append(f"  subgraph cluster_{i} {{")
         out.append(f"    label={_dot_id(label + ': ' + plan_caption(plan))};")
         out.append('    fontname="monospace";')
-        for n, data in g.nodes(data=True):
+        for _node, data in g.nodes(data=True):
             if data["plan"] != label:
                 continue
             fill = node_fill(data)

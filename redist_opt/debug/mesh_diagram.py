@@ -246,7 +246,8 @@ def _panel(
             fill, tip, data = "#f4f4f4", f"rank {rank} ({where})", ""
         out.append(
             f'<rect class="rank" x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-            f'rx="3" fill="{fill}" stroke="#666666" data-rank="{rank}"{data}><title>{escape(tip)}</title></rect>'
+            f'rx="3" fill="{fill}" stroke="#666666" data-rank="{rank}"{data}>'
+            f"<title>{escape(tip)}</title></rect>"
         )
         out.append(svg.text(x + cell / 2, y + cell / 2 + 2, str(rank), anchor="middle", size=11))
         if group is not None and rank in membership and group.size > 1:

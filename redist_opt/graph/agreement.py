@@ -386,7 +386,9 @@ def _resolve(pending, mine, verdict, ranks, timeout_s, me, out: Agreed) -> None:
                 if isinstance(earlier, str) or isinstance(earlier, tuple):
                     warnings.warn(
                         f"redist_opt graph pass: rank {me}: {chain.names[0]}...: "
-                        f"{earlier if isinstance(earlier, str) else 'an earlier round does not fit this rank'}",
+                        + (
+                            earlier if isinstance(earlier, str) else "an earlier round does not fit this rank"
+                        ),
                         stacklevel=3,
                     )
                 dims, note = [None] * len(slices), None
@@ -395,7 +397,8 @@ def _resolve(pending, mine, verdict, ranks, timeout_s, me, out: Agreed) -> None:
             what = (
                 f"{first.name}: "
                 if op.trusted
-                else f"{first.name}: a slice with a constant index cannot be proven to select this rank's block: "
+                else f"{first.name}: a slice with a constant index cannot be proven "
+                "to select this rank's block: "
             )
             if verdict[0] == "abort" and d is None:
                 out.failed[first] = what + verdict[1]

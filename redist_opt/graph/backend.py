@@ -267,7 +267,8 @@ def run_graph_pass(
         gm.recompile()
         warn_once(
             ("graph-pass", type(e).__name__, str(e)),
-            f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); compiling the graph as traced",
+            f"redist_opt: the compiled-graph pass failed ({type(e).__name__}: {e}); "
+            "compiling the graph as traced",
         )
         return None
 

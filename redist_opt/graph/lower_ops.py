@@ -10,10 +10,10 @@ which the runtime calls eagerly and which :class:`Emitter` turns into graph node
 compiled graph equals the eager plan bitwise). Collectives are lowered here::
 
     all_reduce(x, G, op)             all_reduce(x, op, name(G))
-    reduce_scatter(x, G, op, d)      [d>0: cat(split(x, s/|G|, d), 0)] reduce_scatter_tensor(x, op, |G|, name(G))
-    all_gather(x, G, d)              all_gather_into_tensor(x, |G|, name(G)) | wait | [d>0: cat(split(y, rows, 0), d)]
-    all_to_all(x, G, s, c)           permute(s to front) all_to_all_single | wait | cat(permute back(split(y)), c)
-    all_to_all(x, G, ((d, k),..), c) cat(unsqueeze(blocks), 0) all_to_all_single | wait | cat(squeeze(split(y, 1)), c)
+    reduce_scatter(x, G, op, d)      [d>0: cat(split(x, s/|G|, d))] reduce_scatter_tensor(x, op, |G|, name(G))
+    all_gather(x, G, d)              all_gather_into_tensor(x, |G|, name(G)) | [d>0: cat(split(y, rows), d)]
+    all_to_all(x, G, s, c)           permute(s to front) all_to_all_single | cat(permute back(split(y)), c)
+    all_to_all(x, G, ((d, k),..), c) cat(unsqueeze(blocks)) all_to_all_single | cat(squeeze(split(y, 1)), c)
 
 ``|`` marks the wait: a collective's lowering returns the issued node and a
 ``post`` step that runs on the waited value, so the caller places the wait.

@@ -27,7 +27,8 @@ left exactly as it was and a one-line reason is recorded):
    on through a value with several users along one of them: that value and the ops
    before it are then kept for the others (``Chain.kept``), and the graph pass counts
    their collectives on both sides of its cost comparison.
-2. Every group name resolves (:mod:`redist_opt.graph.mesh_groups`) to the ranks of an ordered set of dims of one root
+2. Every group name resolves (:mod:`redist_opt.graph.mesh_groups`) to the ranks of an ordered set
+   of dims of one root
    DeviceMesh: the ranks equal, in order, the rank map of those dims through this
    rank's coordinate. All collectives of a chain live on one root mesh.
 3. Each op is a legal DTensor transition of the mesh dims it touches, in
@@ -129,7 +130,7 @@ def _sole_user(node: fx.Node) -> fx.Node | None:
 
 
 def _from_redistribute(node: fx.Node) -> bool:
-    for name, target in node.meta.get("source_fn_stack", ()) or ():
+    for _name, target in node.meta.get("source_fn_stack", ()) or ():
         t = getattr(target, "__name__", target)
         if t == "redistribute":
             return True

@@ -399,7 +399,8 @@ def resolve(mesh=None) -> tuple[CostModel, str]:
         except OSError as e:
             raise ValueError(
                 f"{PROFILE_ENV}={value!r}: cannot read the cost profile: {e.strerror or e} "
-                f"(give a JSON file written by `redist-opt calibrate`, or one of {', '.join(BUILTIN_PROFILES)})"
+                "(give a JSON file written by `redist-opt calibrate`, "
+                f"or one of {', '.join(BUILTIN_PROFILES)})"
             ) from None
         except ValueError as e:
             raise ValueError(f"{PROFILE_ENV}={value!r}: {e}") from None

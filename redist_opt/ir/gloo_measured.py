@@ -1,6 +1,7 @@
 """The built-in ``gloo`` profile's measured curves: `redist-opt calibrate` under
 ``torchrun --nproc_per_node=8 -m redist_opt calibrate --mesh 2x2x2 --iters 9``
-on the development machine (2 cpus, load average [41.02, 43.56, 40.18], torch 2.13.0+cpu, 2026-11-22T22:43:49+00:00).
+on the development machine (2 cpus, load average [41.02, 43.56, 40.18], torch 2.13.0+cpu,
+2026-11-22T22:43:49+00:00).
 
 Rows are ``CostModel.fitted``: (kind, group size, link, up_to_nbytes, per_call_s, per_byte_s),
 4 significant digits. On an oversubscribed CPU every collective costs milliseconds of

@@ -171,7 +171,8 @@ class _Reader:
         m = _STEP_RE.match(line)
         if not m:
             raise IRParseError(
-                f"expected 'step INDEX over DIMS: SRC -> DST, logical=(...)[, avg_scale=N][, variant=...]', got {line!r}"
+                "expected 'step INDEX over DIMS: SRC -> DST, logical=(...)[, avg_scale=N][, variant=...]', "
+                f"got {line!r}"
             )
         index, dims, src, dst, logical, rest = m.groups()
         fields = dict(

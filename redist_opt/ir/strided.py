@@ -75,7 +75,8 @@ def _gathers(mesh: MeshSpec, src, dst) -> tuple[dict, str | None]:
     if order is None:
         return {}, (
             f"_StridedShard split factors in {placements_str(src)} encode no shard order on mesh "
-            f"({mesh.shape_str}): torch's greedy planner reassembles them (_StridedShard._to_replicate_tensor)"
+            f"({mesh.shape_str}): torch's greedy planner reassembles them "
+            "(_StridedShard._to_replicate_tensor)"
         )
     if has_strided(dst):
         return {}, f"target {placements_str(dst)} holds _StridedShard: only gathers out of one are lowered"
@@ -127,7 +128,10 @@ def _sizes_reason(mesh: MeshSpec, src, shape) -> str | None:
         if shape[t] % math.prod(counts) == 0:
             continue  # even: every piece is shape[t] / prod(counts) either way
         if math.prod(counts) > _MAX_CHECKED_COORDS:
-            return f"uneven {placements_str(src)} over {math.prod(counts)} ranks: too many to check its local sizes"
+            return (
+                f"uneven {placements_str(src)} over {math.prod(counts)} ranks: "
+                "too many to check its local sizes"
+            )
         every_coord = itertools.product(*(range(n) for n in counts))  # row-major, as the pieces
         for values, nested in zip(every_coord, sym.nested_chunk_sizes(shape[t], counts)):
             if nested != _dtensor_size(shape[t], src, mesh.sizes, dict(zip(dims, values)), t):

@@ -119,14 +119,17 @@ def parse_sizes(text: str) -> list[int]:
             raise ValueError(f"size range {part!r}: step factor {factor!r} must be an integer >= 2")
         if lo > hi:
             raise ValueError(f"size range {part!r} is empty ({lo} > {hi} bytes)")
-        out.update(itertools.takewhile(lambda s: s <= hi, (lo * int(factor) ** k for k in itertools.count())))
+        out.update(
+            itertools.takewhile(lambda s, hi=hi: s <= hi, (lo * int(factor) ** k for k in itertools.count()))
+        )
     if not out:
         raise ValueError(f"no sizes in {text!r}")
     return sorted(out)
 
 
 def format_size(n: int) -> str:
-    """``65536`` -> ``"64KiB"``, ``1000`` -> ``"1000B"``: a whole number of the largest unit that divides ``n``."""
+    """``65536`` -> ``"64KiB"``, ``1000`` -> ``"1000B"``: a whole number of the largest unit that
+    divides ``n``."""
     return format_bytes(n, sep="", exact=True)
 
 

@@ -277,7 +277,8 @@ def format_wall(res: dict) -> str:
     profile = res["cost_profile"] or "default (redist_opt's default model)"
     mesh = ",".join(f"{n}={s}" for n, s in zip(res["mesh"]["names"], res["mesh"]["sizes"]))
     lines = [
-        f"wall clock: {res['ranks']} gloo ranks, mesh {mesh} with {', '.join(res['mesh']['flattened'])} flattened, "
+        f"wall clock: {res['ranks']} gloo ranks, mesh {mesh} "
+        f"with {', '.join(res['mesh']['flattened'])} flattened, "
         f"median of {res['iters']} samples (slowest rank), ms per redistribute; "
         f"ours: groups=existing, cost profile {profile}",
         f"{'case':<28} {'shape':>9} {'size':>7} {'torch':>8} {'no merge':>9} {'ours':>8} {'ours/torch':>10} "
@@ -293,7 +294,8 @@ def format_wall(res: dict) -> str:
             f"{'ok' if r['equal'] else 'NO':>3}  {' '.join(flags)}"
         )
     lines.append(
-        "colls = collectives issued by torch / torch no merge / ours; eq = every rank's result of ours equals "
+        "colls = collectives issued by torch / torch no merge / ours; "
+        "eq = every rank's result of ours equals "
         "torch's with its merge pass off, bit for bit (torch WRONG: torch's own merged result does not)\n"
         "noise = 3 x combined standard error of the two medians (from the samples' MAD); "
         f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"

@@ -256,7 +256,8 @@ def format_calibration(model: CostModel, record: dict) -> str:
         f"{model.reduce_scatter_as_all_reduce}",
         f"  launch={model.launch * 1e6:.1f} us  alpha={model.alpha_intra * 1e6:.1f} us/step  "
         f"bandwidth={model.bw_intra / 1e9:.3f} GB/s  create_group={model.create_group * 1e3:.1f} ms",
-        f"  per-call + per-byte terms fitted for {len({r[:3] for r in model.fitted})} (collective, group size, "
+        f"  per-call + per-byte terms fitted for {len({r[:3] for r in model.fitted})} "
+        "(collective, group size, "
         f"link) curves (devices_per_host={model.devices_per_host}); the modelled tables below use them",
     ]
     rows: dict[tuple, dict[int, dict]] = {}

@@ -47,7 +47,8 @@ def run_demo(timeout: float = 300.0) -> int:
     """Explain every demo case, run it on 8 gloo processes, print the comparison; 0 if all equal."""
     spec, world = DEMO_SPEC, DEMO_SPEC.num_ranks
     print(
-        f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, flattened: {', '.join(_FLATS)}\n"
+        f"redist-opt demo: {world} gloo processes on this CPU, mesh {spec.shape_str}, "
+        f"flattened: {', '.join(_FLATS)}\n"
     )
     for src, dst, shape in DEMO_CASES:
         naive = redist_opt.plan(spec, src, dst, shape=shape)
@@ -72,7 +73,8 @@ def run_demo(timeout: float = 300.0) -> int:
         print("\nMISMATCH against torch's redistribute")
         return 1
     print(
-        f"\nevery rank's result equals torch's redistribute (merge pass disabled), bit for bit, on {world} ranks"
+        "\nevery rank's result equals torch's redistribute (merge pass disabled), "
+        f"bit for bit, on {world} ranks"
     )
     return 0
 

@@ -22,7 +22,7 @@ from redist_opt.runtime.torch_dtensor import reference_semantics
 
 
 def test_backward_matches_torch():
-    with LocalTensorMode(4) as lm:
+    with LocalTensorMode(4):
         mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
         for src, dst in [
             ([Shard(0), Shard(1)], [Replicate(), Replicate()]),
@@ -43,7 +43,7 @@ def test_backward_matches_torch():
 
 
 def test_forward_dtype_and_backward_dtype():
-    with LocalTensorMode(4) as lm:
+    with LocalTensorMode(4):
         mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
         g = torch.arange(32, dtype=torch.float32).reshape(8, 4)
         x = distribute_tensor(g, mesh, [Shard(0), Shard(1)], src_data_rank=None).requires_grad_()

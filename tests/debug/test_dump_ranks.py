@@ -29,7 +29,9 @@ SCRIPT = textwrap.dedent("""
     assert dump.rank_suffix() == ""  # not initialized: no rank in names
     dist.init_process_group("fake", rank=3, world_size=8)
     assert dump.rank_suffix() == ".rank3"
-    naive = make_plan(MeshSpec((2, 2)), parse_placements("P,P"), parse_placements("R,R"), (8, 4), torch.float32)
+    naive = make_plan(
+        MeshSpec((2, 2)), parse_placements("P,P"), parse_placements("R,R"), (8, 4), torch.float32
+    )
     run_pipeline(naive, on_change=dump.pass_dump_writer(out / "pipeline", naive))
     dump.write_pass_dump(out / "direct", 0, "default", None, naive)
     optimize_graph(fx.Graph())  # the graph pass's own dumps (REDIST_OPT_DUMP_DIR)

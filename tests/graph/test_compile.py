@@ -114,7 +114,7 @@ def test_tp_mlp_loss_over_both_dims(groups, fewer):
         model = compile_models.build_tp_mlp(mesh2d)
         x, target = _mlp_inputs(mesh2d)
         cap, _ = _compile_and_run(
-            lambda x, t: compile_models.dp_tp_loss(model, x, t, mesh2d),
+            lambda x, t, model=model: compile_models.dp_tp_loss(model, x, t, mesh2d),
             (x, target),
             which,
             **({"groups": groups} if which == "ours" else {}),

@@ -3,7 +3,8 @@
 Each is ``program(ctx) -> {name: tensor}`` for ``fault_harness.run_program``: with
 ``ctx.reference`` the program is compiled with torch's ``aot_eager`` backend, else
 with ``redist_opt.backend("aot_eager")``; faults are injected in both runs alike (a
-fault is a property of the job, not of redist_opt), so the outputs compare (keys starting with "_" hold texts, not outputs). Every
+fault is a property of the job, not of redist_opt), so the outputs compare (keys
+starting with "_" hold texts, not outputs). Every
 compile of the optimized run is timed as a ``ctx.section`` (the agreement's wait),
 and the explain output of each graph pass is returned (as bytes) for the test to read.
 

@@ -68,7 +68,10 @@ class Collective:
     dtypes: tuple
 
     def describe(self) -> str:
-        return f"{self.op} in={list(map(list, self.input_sizes))} out={list(map(list, self.output_sizes))} {list(self.dtypes)}"
+        return (
+            f"{self.op} in={list(map(list, self.input_sizes))} "
+            f"out={list(map(list, self.output_sizes))} {list(self.dtypes)}"
+        )
 
 
 @dataclasses.dataclass

@@ -36,7 +36,8 @@ def _run(program, **kw):
     # the numbers docs/faults.md reports (`-s` shows them)
     print(
         f"\n{program.__name__} {kw.get('args', '')}: worst agreement round "
-        f"{fh.worst_agreement_wait(reps):.2f} s, worst section {fh.worst_wait(reps):.2f} s (T = {PG_TIMEOUT_S:g} s)"
+        f"{fh.worst_agreement_wait(reps):.2f} s, worst section {fh.worst_wait(reps):.2f} s "
+        f"(T = {PG_TIMEOUT_S:g} s)"
     )
     return reps
 

@@ -331,7 +331,8 @@ def check_plan(req, dtype) -> None:
         cost, _ = redist_opt.ir.cost.resolve(spec)
         ours_t, torch_t = cost.plan_time(ours), min(cost.plan_time(v) for v in model.variants)
         assert ours_t <= torch_t * (1 + 1e-9), (
-            f"more modelled time than torch under {cost.name}: {ours_t * 1e6:.2f}us > {torch_t * 1e6:.2f}us: {what}"
+            f"more modelled time than torch under {cost.name}: "
+            f"{ours_t * 1e6:.2f}us > {torch_t * 1e6:.2f}us: {what}"
         )
     else:
         assert ours.bytes_per_rank <= model.min_bytes_per_rank, f"more bytes per rank than torch: {what}"

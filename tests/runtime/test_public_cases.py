@@ -106,7 +106,7 @@ def test_uneven_all_gather_torch_wrong_ours_right():
     assert not any(torch.equal(torch_locals[0][i], truth[4]) for i in range(5))
     for r, t in local_tensors(o.ours.out).items():
         assert torch.equal(t, truth), f"rank {r}: redist_opt\n{t}\n!= the true tensor\n{truth}"
-    for r, t in local_tensors(o.oracle.out).items():
+    for t in local_tensors(o.oracle.out).values():
         assert torch.equal(t, truth)
     # and we do it with one all_gather too (torch: 1, wrong; oracle: 2)
     assert o.ours.total == 1 == o.torch.total and o.ours.kinds == {"all_gather": 1}

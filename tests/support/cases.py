@@ -227,7 +227,8 @@ def _mix(src, dst, rng):
 
 
 def mixed_partial_cases():
-    """Sum and avg partials mixed in one placement (torch accepts them). On 2x2, 2x2x2 and the _unflatten view the world / root group exists,
+    """Sum and avg partials mixed in one placement (torch accepts them). On 2x2, 2x2x2 and the
+    _unflatten view the world / root group exists,
     so the optimized plan merges them into one sum plus a scale."""
     cases = []
     rng = random.Random(1010)

@@ -75,7 +75,7 @@ def worker(rank: int, port: int) -> None:
             torch._dynamo.reset()
             model = compile_models.build_tp_mlp(mesh, seed=7)
             compiled = torch.compile(
-                lambda x, t: compile_models.dp_tp_loss(model, x, t, mesh),
+                lambda x, t, model=model: compile_models.dp_tp_loss(model, x, t, mesh),
                 # The default (NCCL) model, under which merging the loss's dp and tp
                 # all_reduces pays; gloo's profile (picked from this mesh's backend)
                 # keeps them apart, and this test is about creating the group.

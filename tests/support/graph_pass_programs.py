@@ -454,7 +454,7 @@ def gloo_random(rank: int, world: int, seeds, groups: str = "existing") -> list:
         src = program[0]
         rows, cols = 8, 8
         shape = [rows, cols]
-        for d, p in enumerate(src):
+        for p in src:
             if p == "S0":
                 shape[0] //= 2
             if p == "S1":

@@ -214,7 +214,7 @@ def gloo_compiled_gathers(rank: int, world: int) -> dict:
     return out
 
 
-# -- one fake rank: the 2x4 acceptance, with and without node metadata ----------------------------------------
+# -- one fake rank: the 2x4 acceptance, with and without node metadata ---------------------------------------
 
 
 def _stripping_backend(keep: tuple[str, ...], graphs: list):

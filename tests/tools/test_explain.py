@@ -60,9 +60,9 @@ def test_acceptance_text(capsys):
     for plan in (naive, optimized):
         for c in plan.collectives():
             line = next(
-                l
-                for l in out.splitlines()
-                if f" {c.kind}" in l and f" {L_fmt(c.group)} " in l and c.group.name(plan.mesh) in l
+                text
+                for text in out.splitlines()
+                if f" {c.kind}" in text and f" {L_fmt(c.group)} " in text and c.group.name(plan.mesh) in text
             )
             assert format_bytes(c.bytes_in) in line
             assert format_time(model.collective_time(c.kind, c.group, c.bytes_in, plan.mesh)) in line
