@@ -42,7 +42,7 @@ def _cases():
 
 def _issue(kind: str, x: torch.Tensor, op: str, group) -> torch.Tensor:
     if kind == "all_gather":
-        return funcol.all_gather_tensor(x, 0, group)
+        return funcol.all_gather_single(x, 0, group)
     if kind == "all_to_all":
         return funcol.all_to_all_single(x, None, None, group)
     if kind == "all_reduce":

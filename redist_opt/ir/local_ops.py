@@ -323,8 +323,11 @@ def _reduce_scatter(shape, n, as_real, op, dim):
 
 def _all_gather(shape, n, as_real, dim):
     # The functional collective gathers along dim 0: the n blocks, laid along dim afterwards.
+    def before(emit, x):
+        return _real(emit, contiguous(emit, x), as_real)
+
     def issue(emit, x, group):
-        return emit(C10D.all_gather_into_tensor.default, _real(emit, contiguous(emit, x), as_real), n, group)
+        return emit(C10D.all_gather_into_tensor.default, contiguous(emit, x), n, group)
 
     def after(emit, y):
         y = _complex(emit, y, as_real)
@@ -332,7 +335,7 @@ def _all_gather(shape, n, as_real, dim):
             return y
         return join_blocks(emit, emit(aten.view.default, y, [n, *shape]), n, shape, dim)
 
-    return Collective(None, issue, after if dim != 0 or as_real else None)
+    return Collective(before if as_real else None, issue, after if dim != 0 or as_real else None)
 
 
 def _all_to_all(shape, n, as_real, split_dim, cat_dim):

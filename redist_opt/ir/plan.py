@@ -2,7 +2,7 @@
 
 A plan holds the rank-free mesh, the source and destination placements, the
 global shape and dtype, the planner steps and the IR graph. It never holds a
-process group: ``redist_opt.runtime.execute.execute`` binds it to a DeviceMesh.
+process group: ``redist_opt.execute`` binds it to a DeviceMesh (as a rank program).
 """
 
 from __future__ import annotations
