@@ -7,13 +7,13 @@ unless the input hits its uneven all_gather merge bug), with a warning once per 
 
 A plan runs, outside tracing, as a program specialized to this rank, built once
 per hot plan, mesh and rank (``runtime.specialize``: integers, resolved groups, a
-list of steps). It runs even where our plan is torch's own: measured on the fake
-backend (``benchmarks/eager_overhead.py``), the program takes 0.79x torch's time
-per cached call there, where handing the call to torch's function took 1.06x
-(torch's per-call planning plus our lookup). A call seen before (same specs, dtype
-and options) finds its program with one lookup (:func:`cached_runner`, what
-``enabled()``'s routed function asks first). While tracing, the plan's graph is
-interpreted (``runtime.execute``).
+list of steps), the one executable form of a plan. It runs even where our plan is
+torch's own: measured on the fake backend (``benchmarks/eager_overhead.py``), the
+program takes 0.79x torch's time per cached call there, where handing the call to
+torch's function took 1.06x (torch's per-call planning plus our lookup). A call seen
+before (same specs, dtype and options) finds its program with one lookup
+(:func:`cached_runner`, what ``enabled()``'s routed function asks first). While
+tracing, a program is built for the trace and not kept.
 
 ``_MaskPartial`` (the vocab-parallel embedding's partial) is a sum whose rows
 outside the rank's vocab shard are zeroed first, from per-rank mask state in the
@@ -38,7 +38,7 @@ from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import consensus
 from redist_opt.runtime import torch_dtensor as tdt
-from redist_opt.runtime.execute import check_local_shape, execute, input_shape
+from redist_opt.runtime.execute import check_local_shape, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
 from redist_opt.runtime.specialize import specialize
 
@@ -85,9 +85,9 @@ def redistribute_local_tensor(
         return tdt.torch_redistribute_handback(local_tensor, current_spec, target_spec, async_op=async_op)
     for d in masks:  # _MaskPartial -> R / S: zero the masked rows, then the sum
         tdt.apply_and_release_mask(current_spec.placements[d], local_tensor)
-    if tdt.are_we_tracing():  # traced once per program: interpret the plan, no programs kept
-        return _execute_traced(hot, local_tensor, device_mesh, options, async_op)
     check_local_shape(input_shape(hot.naive.graph), local_tensor, device_mesh)
+    if tdt.are_we_tracing():  # traced once per program: a program for this trace, not kept
+        return _specialize_or_unmerged(hot, device_mesh)(local_tensor, async_op)
     run = _runner(hot, current_spec)
     if not masks:
         _remember_call(current_spec, target_spec, local_tensor, options, run)
@@ -166,23 +166,14 @@ def _program_runner(program):
 
 
 def _specialize_or_unmerged(hot: HotPlan, device_mesh):
+    dtype = hot.naive.dtype
     try:
-        return specialize(hot.opt.graph, device_mesh, groups=hot.options.groups)
+        return specialize(hot.opt.graph, device_mesh, dtype=dtype, groups=hot.options.groups)
     except GroupUnavailable as e:
         if hot.opt is hot.naive:
             raise
         _warn_unmerged(hot, e)
-        return specialize(hot.naive.graph, device_mesh)
-
-
-def _execute_traced(hot: HotPlan, local_tensor, device_mesh, options, async_op):
-    try:
-        return execute(hot.opt.graph, local_tensor, device_mesh, groups=options.groups, async_op=async_op)
-    except GroupUnavailable as e:
-        if hot.opt is hot.naive:
-            raise
-        _warn_unmerged(hot, e)
-        return execute(hot.naive.graph, local_tensor, device_mesh, async_op=async_op)
+        return specialize(hot.naive.graph, device_mesh, dtype=dtype)
 
 
 def _warn_unmerged(hot: HotPlan, e: Exception) -> None:

@@ -5,10 +5,11 @@ functional collective torch itself would trace, over a real group name, followed
 by its ``wait_tensor``; local IR ops become aten ops with this rank's sizes and
 block indices (the IR is rank-free; the graph a rank compiles holds its own
 constants, exactly as DTensor's traced graphs do). Every op of the IR op table
-(``redist_opt.ir.ops.OPS``) has a lowering: collectives, all_to_all (one split dim
-or several) in :mod:`redist_opt.graph.lower_ops`; local ops (padding and narrowing
-for uneven shards, ``unpack_blocks``, the local half of a ``gather_blocks`` step)
-by emitting their one definition, :data:`redist_opt.ir.local_ops.LOCAL_OPS`.
+(``redist_opt.ir.ops.OPS``) is lowered by emitting its one definition in
+:mod:`redist_opt.ir.local_ops` through the graph emitter of :mod:`redist_opt.graph.lower_ops`:
+local ops (padding and narrowing for uneven shards, ``unpack_blocks``, the local half of a
+``gather_blocks`` step) from ``LOCAL_OPS``, collectives (all_to_all with one split dim or
+several) from ``collective``, the same definitions the eager rank programs run.
 
 Placement (so Inductor's bucketing and overlap passes see ordinary collectives
 where the program had them): every node up to the last collective is inserted
@@ -31,10 +32,10 @@ import torch.fx as fx
 
 from redist_opt import ir
 from redist_opt.graph.chain import C10D
-from redist_opt.graph.lower_ops import COLLECTIVE_LOWERINGS, LOWERED_OPS, Emitter
+from redist_opt.graph.lower_ops import LOWERED_OPS, Emitter
 from redist_opt.graph.mesh_groups import MeshContext
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.local_ops import LOCAL_OPS, rank_params
+from redist_opt.ir.local_ops import LOCAL_OPS, collective, rank_params
 from redist_opt.runtime.groups import GroupUnavailable, resolve_group
 
 __all__ = ["Unlowerable", "group_name", "lower_into_graph", "lower_plan"]
@@ -80,10 +81,12 @@ def _group_names(ops, ctx: MeshContext, policy: str) -> dict:
 
 def lower_plan(graph: fx.Graph, plan, x: fx.Node, ctx: MeshContext, policy: str) -> fx.Node:
     """Emit ``plan``'s IR on ``x`` at ``graph``'s insertion point (waits right after their
-    collectives); the value on this rank. For graphs built around a plan (tests, tools)."""
+    collectives); the value on this rank. For graphs built around a plan (tests, tools); a bare
+    IR graph holds no dtype, and is lowered as a real one."""
     ops = _plan_ops(plan)
     names = _group_names(ops, ctx, policy)
-    x = _emit_ops(Emitter(graph), ops, x, names, ctx.coord, None, None)
+    dtype = getattr(plan, "dtype", torch.float32)
+    x = _emit_ops(Emitter(graph), ops, x, names, ctx.coord, dtype, None, None)
     return x if ops else Emitter(graph)(aten.clone.default, x)
 
 
@@ -101,7 +104,7 @@ def lower_into_graph(graph: fx.Graph, chain, plan, policy: str) -> fx.Node:
     last_wait = next(n for n in colls[-1].nodes if n.target is C10D.wait_tensor.default)
 
     emit = Emitter(graph)
-    x = _emit_ops(emit, ops, chain.input, names, ctx.coord, first_coll, last_wait)
+    x = _emit_ops(emit, ops, chain.input, names, ctx.coord, chain.dtype, first_coll, last_wait)
     with graph.inserting_before(last_wait):
         if not ops:
             x = emit(aten.clone.default, x)  # a fresh tensor, as the chain's output was
@@ -116,7 +119,7 @@ def _at(graph: fx.Graph, anchor):
     return graph.inserting_before(anchor) if anchor is not None else contextlib.nullcontext()
 
 
-def _emit_ops(emit: Emitter, ops, x: fx.Node, names, coord, first_anchor, last_anchor) -> fx.Node:
+def _emit_ops(emit: Emitter, ops, x: fx.Node, names, coord, dtype, first_anchor, last_anchor) -> fx.Node:
     """Ops up to the last collective go before ``first_anchor``; the last collective's wait
     and everything after it before ``last_anchor`` (None: the current insertion point)."""
     last_coll = max([i for i, n in enumerate(ops) if ir.is_collective(n)], default=-1)
@@ -126,7 +129,7 @@ def _emit_ops(emit: Emitter, ops, x: fx.Node, names, coord, first_anchor, last_a
             if not ir.is_collective(n):
                 x = _emit_local(emit, n, x, coord)
                 continue
-            issued, post = _emit_collective(emit, n, x, names, coord)
+            issued, post = _emit_collective(emit, n, x, names, coord, dtype)
             if i != last_coll:
                 x = _finish(emit, issued, post)
             else:
@@ -149,8 +152,10 @@ def _emit_local(emit: Emitter, n: fx.Node, x: fx.Node, coord) -> fx.Node:
     return LOCAL_OPS[ir.ir_name(n)](emit, x, shape, *rank_params(n.args[1:], coord))
 
 
-def _emit_collective(emit: Emitter, n: fx.Node, x: fx.Node, names, coord):
+def _emit_collective(emit: Emitter, n: fx.Node, x: fx.Node, names, coord, dtype):
     group, *params = n.args[1:]
     shape = _shape_at(n.args[0].meta["shape"], coord)
-    lower = COLLECTIVE_LOWERINGS[ir.ir_name(n)]
-    return lower(emit, x, shape, names[group], group.size, *rank_params(params, coord))
+    c = collective(ir.ir_name(n), shape, dtype, group.size, rank_params(params, coord))
+    if c.before is not None:
+        x = c.before(emit, x)
+    return c.issue(emit, x, names[group]), c.after

@@ -1,4 +1,4 @@
-"""The semantics of the IR's local ops, written once, run eagerly or emitted into a graph.
+"""The semantics of the IR's ops on one rank, written once, run eagerly or emitted into a graph.
 
 Design (one op definition, two emitters). Each local op of :data:`redist_opt.ir.ops.OPS`
 is one function ``semantics(emit, x, shape, *params) -> value`` in :data:`LOCAL_OPS`:
@@ -10,12 +10,18 @@ is one function ``semantics(emit, x, shape, *params) -> value`` in :data:`LOCAL_
   overload (or ``operator.getitem`` on a split's result), and the one layout question
   an op asks is ``emit.is_contiguous(x)``.
 
+Each collective of the IR is one functional collective (``_c10d_functional``) with the
+layout around it: :func:`collective` binds a node's sizes and returns its
+:class:`Collective` (``before``, ``issue``, ``after``), written over the same emitters.
+An all_to_all's send buffer and the reassembly of what it receives
+(:func:`stack_blocks`, :func:`join_blocks`) are defined here and nowhere else.
+
 Two emitters implement that small interface. :data:`EAGER` calls the op now, on a real
-tensor (the runtime, :mod:`redist_opt.runtime.execute`); the graph emitter of
+tensor (the rank programs of :mod:`redist_opt.runtime.specialize`); the graph emitter of
 :mod:`redist_opt.graph.lower_ops` appends a ``call_function`` node with a fake value
 (the lowering into compiled graphs). The branches a function takes depend only on its
-int arguments, so both emitters run the same aten calls on the same sizes and a
-compiled graph equals the eager plan bitwise.
+int arguments and the dtype, so both emitters run the same aten calls on the same sizes
+and a compiled graph equals the eager plan bitwise.
 
 Entry point for eager code, e.g. a per-rank executable built once per plan::
 
@@ -27,12 +33,27 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.ops import split_dims
 
-__all__ = ["LOCAL_OPS", "EAGER", "run_local_op", "rank_params", "pieces", "contiguous"]
+__all__ = [
+    "LOCAL_OPS",
+    "COLLECTIVE_OPS",
+    "C10D",
+    "Collective",
+    "collective",
+    "EAGER",
+    "run_local_op",
+    "rank_params",
+    "pieces",
+    "contiguous",
+    "stack_blocks",
+    "join_blocks",
+]
 
 aten = torch.ops.aten
 
@@ -93,13 +114,6 @@ def _pad_end(emit, x, ndim: int, dim: int, amount: int):
     return emit(aten.constant_pad_nd.default, x, pad, 0.0)
 
 
-def _chunk_bounds(size: int, n: int, index: int) -> tuple[int, int]:
-    # torch.chunk: pieces of ceil(size / n); trailing chunks may be short or empty.
-    step = -(-size // n) if size else 0
-    start = min(index * step, size)
-    return start, min(start + step, size)
-
-
 # -- the local ops: (emit, x, shape, *params) -> value ----------------------------------------
 
 
@@ -134,7 +148,7 @@ def _narrow(emit, x, shape, dim, start, length):
 
 
 def _select_chunk(emit, x, shape, dim, n, index):
-    start, end = _chunk_bounds(shape[dim], n, index)
+    start, end = sym.chunk_bounds(shape[dim], n, index)
     return emit(aten.clone.default, emit(aten.slice.Tensor, x, dim, start, end))
 
 
@@ -218,3 +232,134 @@ LOCAL_OPS: dict[str, Callable] = {
     "root": _root,
     "unpack_blocks": _unpack_blocks,
 }
+
+
+# -- collectives: the one functional collective each IR collective issues, and the layout around it --
+
+C10D = torch.ops._c10d_functional
+
+
+class Collective(NamedTuple):
+    """One IR collective on one rank, every size bound.
+
+    ``before(emit, x)`` lays the input out as the functional collective takes it, ``issue(emit, x,
+    group_name)`` issues that collective, ``after(emit, waited)`` lays the waited result out as the
+    IR op's (``None``: nothing to do). The caller places the wait between ``issue`` and ``after``.
+    """
+
+    before: Callable | None
+    issue: Callable
+    after: Callable | None
+
+
+def collective(name: str, shape: Sequence[int], dtype: torch.dtype, n: int, params: Sequence) -> Collective:
+    """IR collective ``name`` over a group of ``n`` ranks on this rank's input of ``shape`` (ints)
+    and ``dtype``; ``params``: the node's arguments after the group, as ints.
+
+    Complex data moves as real pairs where the op only moves bytes (gathers, all_to_all), as c10d
+    does: a backend's all_to_all may refuse complex tensors (gloo's does). The decision reads the
+    dtype only, which every rank shares, so every rank issues the same collective.
+    """
+    as_real = dtype.is_complex and name in ("all_gather", "all_to_all")
+    return _COLLECTIVES[name](tuple(shape), n, as_real, *params)
+
+
+def stack_blocks(emit, x, shape: Sequence[int], splits: Sequence[tuple[int, int]]):
+    """``[n, *block]``: row k holds block k of the row-major grid that cuts each tensor dim ``d`` of
+    ``splits`` ((d, pieces), ..., outermost first) into equal pieces. Each cut dim is viewed as
+    (pieces, size / pieces) and the pieces axes are moved to the front: one copy at most."""
+    pieces = dict(splits)
+    grid, block, axis = [], [], {}
+    for d, size in enumerate(shape):
+        if d in pieces:
+            axis[d] = len(grid)
+            grid.append(pieces[d])
+        grid.append(size // pieces.get(d, 1))
+        block.append(size // pieces.get(d, 1))
+    front = [axis[d] for d, _ in splits]
+    order = front + [a for a in range(len(grid)) if a not in front]
+    x = emit(aten.view.default, contiguous(emit, x), grid)
+    if order != sorted(order):
+        x = emit(aten.permute.default, x, order)
+        x = emit(aten.clone.default, x, memory_format=torch.contiguous_format)
+    return emit(aten.view.default, x, [math.prod(pieces.values()), *block])
+
+
+def join_blocks(emit, y, n: int, block: Sequence[int], dim: int):
+    """The ``n`` rows of ``y`` (``[n, *block]``, contiguous) concatenated along ``dim``: one copy at
+    most."""
+    if dim != 0:
+        order = [*range(1, dim + 1), 0, *range(dim + 1, len(block) + 1)]
+        y = emit(
+            aten.clone.default, emit(aten.permute.default, y, order), memory_format=torch.contiguous_format
+        )
+    return emit(aten.view.default, y, [*block[:dim], n * block[dim], *block[dim + 1 :]])
+
+
+def _real(emit, x, as_real: bool):
+    return emit(aten.view_as_real.default, x) if as_real else x
+
+
+def _complex(emit, y, as_real: bool):
+    return emit(aten.view_as_complex.default, y) if as_real else y
+
+
+def _all_reduce(shape, n, as_real, op):
+    return Collective(None, lambda emit, x, group: emit(C10D.all_reduce.default, x, op, group), None)
+
+
+def _reduce_scatter(shape, n, as_real, op, dim):
+    # The functional collective scatters dim 0: stack dim's n blocks along it first.
+    def before(emit, x):
+        block = [size // n if d == dim else size for d, size in enumerate(shape)]
+        rows = stack_blocks(emit, x, shape, ((dim, n),))
+        return emit(aten.view.default, rows, [n * block[0], *block[1:]])
+
+    def issue(emit, x, group):
+        return emit(C10D.reduce_scatter_tensor.default, contiguous(emit, x), op, n, group)
+
+    return Collective(before if dim != 0 else None, issue, None)
+
+
+def _all_gather(shape, n, as_real, dim):
+    # The functional collective gathers along dim 0: the n blocks, laid along dim afterwards.
+    def before(emit, x):
+        return _real(emit, contiguous(emit, x), as_real)
+
+    def issue(emit, x, group):
+        return emit(C10D.all_gather_into_tensor.default, contiguous(emit, x), n, group)
+
+    def after(emit, y):
+        y = _complex(emit, y, as_real)
+        if dim == 0:
+            return y
+        return join_blocks(emit, emit(aten.view.default, y, [n, *shape]), n, shape, dim)
+
+    return Collective(before if as_real else None, issue, after if dim != 0 or as_real else None)
+
+
+def _all_to_all(shape, n, as_real, split_dim, cat_dim):
+    # Row k of the send buffer is the block member k gets; the row from member k lands at k of cat_dim.
+    splits = split_dims(split_dim, n)
+    pieces = dict(splits)
+    block = [size // pieces.get(d, 1) for d, size in enumerate(shape)]
+
+    def before(emit, x):
+        return _real(emit, stack_blocks(emit, x, shape, splits), as_real)
+
+    def issue(emit, x, group):
+        return emit(C10D.all_to_all_single.default, x, [1] * n, [1] * n, group)
+
+    def after(emit, y):
+        return join_blocks(emit, _complex(emit, y, as_real), n, block, cat_dim)
+
+    return Collective(before, issue, after)
+
+
+_COLLECTIVES: dict[str, Callable] = {
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "all_to_all": _all_to_all,
+}
+COLLECTIVE_OPS = frozenset(_COLLECTIVES)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 from torch.distributed.tensor.placement_types import (
     Partial,
     Placement,
@@ -37,7 +38,14 @@ from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.placements import RedistributeError, norm_type_of, placement_str, reduce_op_of
 
-__all__ = ["greedy_steps", "lower_steps", "lower_step", "unsupported_reason", "check_transition"]
+__all__ = [
+    "greedy_steps",
+    "lower_steps",
+    "lower_step",
+    "unsupported_reason",
+    "dtype_reason",
+    "check_transition",
+]
 
 
 def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> str | None:
@@ -50,6 +58,21 @@ def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> st
     if len(ops) > 1 and any(op.startswith("norm(") for op in ops):
         return f"partial placements mix the reductions {sorted(ops)}: torch defines their order"
     return None
+
+
+def dtype_reason(src: Sequence[Placement], dtype: torch.dtype) -> str | None:
+    """Why a dtype's partials must go through torch's own path, or None.
+
+    c10d reduces complex numbers by sum and avg only (its all_reduce refuses max, min and
+    product; they have no order), while a reduce_scatter does not check: a plan that reduces
+    with another collective than torch's would raise where torch's does not, or the reverse.
+    Read from the dtype and placements only, so every rank decides alike."""
+    if not dtype.is_complex:
+        return None
+    ops = sorted({reduce_op_of(p) for p in src if p.is_partial()} - {"sum", "avg"})
+    if not ops:
+        return None
+    return f"complex partials reduced by {', '.join(ops)}: c10d reduces complex numbers by sum and avg only"
 
 
 def check_transition(src: Sequence[Placement], dst: Sequence[Placement], mesh: MeshSpec) -> None:

@@ -37,7 +37,7 @@ Sizes, starts and indices are sympy expressions in the mesh coordinates
 * ``from_node``: names of the nodes a pass rewrote into this one (provenance).
 
 The graph is held by a ``torch.fx.GraphModule`` so ``torch.fx.passes.infra``
-passes apply; it is executed by ``redist_opt.runtime.execute``, never by fx codegen.
+passes apply; it runs as a rank program (``redist_opt.runtime.specialize``), never by fx codegen.
 The ops here carry only their shape functions; what each local op does to a tensor
 is defined once in :mod:`redist_opt.ir.local_ops`.
 """
@@ -73,8 +73,10 @@ __all__ = [
 
 def _ir_op(name: str, *, collective: bool):
     def deco(shape_fn: Callable) -> Callable:
-        def op(*args, **kwargs):  # pragma: no cover - markers are interpreted, not called
-            raise RuntimeError(f"redist_opt IR op {name} is executed by redist_opt.runtime.execute")
+        def op(*args, **kwargs):  # pragma: no cover - markers are read, not called
+            raise RuntimeError(
+                f"redist_opt IR op {name} runs in a rank program (redist_opt.runtime.specialize)"
+            )
 
         op.__name__ = op.__qualname__ = name
         op.__module__ = __name__
@@ -300,8 +302,8 @@ class GraphBuilder:
 
     def finish(self) -> fx.GraphModule:
         self.graph.output(self.value)
-        # A lazy GraphModule skips Python code generation: our graphs are interpreted
-        # by redist_opt.runtime.execute, and codegen after every pass dominated planning time.
+        # A lazy GraphModule skips Python code generation: our graphs are read into rank
+        # programs (redist_opt.runtime.specialize), and codegen after every pass dominated planning time.
         return _LazyGraphModule(torch.nn.Module(), self.graph)
 
 

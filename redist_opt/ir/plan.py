@@ -2,7 +2,7 @@
 
 A plan holds the rank-free mesh, the source and destination placements, the
 global shape and dtype, the planner steps and the IR graph. It never holds a
-process group: ``redist_opt.runtime.execute.execute`` binds it to a DeviceMesh.
+process group: ``redist_opt.execute`` binds it to a DeviceMesh (as a rank program).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt import ir
-from redist_opt.ir.lower import check_transition, greedy_steps, lower_steps, unsupported_reason
+from redist_opt.ir.lower import check_transition, dtype_reason, greedy_steps, lower_steps, unsupported_reason
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import RedistributeError, normalize_placements
 from redist_opt.ir.strided import has_strided, strided_reason, strided_steps
@@ -136,7 +136,7 @@ def make_plan(
 
 @functools.lru_cache(maxsize=4096)
 def _make_plan_cached(mesh: MeshSpec, src, dst, shape, dtype) -> Plan:
-    reason = unsupported_reason(src, dst) or strided_reason(mesh, src, dst, shape)
+    reason = unsupported_reason(src, dst) or dtype_reason(src, dtype) or strided_reason(mesh, src, dst, shape)
     if reason is not None:
         return Plan(mesh, src, dst, shape, dtype, (), None, fallback_reason=reason)
     check_transition(src, dst, mesh)

@@ -80,9 +80,16 @@ class ChunkSize(sympy.Function):
         return None
 
 
-def chunk_size(length: int, n: int, i: int) -> int:
+def chunk_bounds(length: int, n: int, i: int) -> tuple[int, int]:
+    """``[start, end)`` of chunk ``i`` of ``torch.chunk(length, n)``: pieces of ceil(length / n),
+    the last non-empty one may be short, trailing ones are empty (at ``length``)."""
     full = -(-length // n)
-    return max(0, min(length, full * (i + 1)) - full * i)
+    return min(length, full * i), min(length, full * (i + 1))
+
+
+def chunk_size(length: int, n: int, i: int) -> int:
+    start, end = chunk_bounds(length, n, i)
+    return end - start
 
 
 def nested_chunk_size(length, counts: Sequence[int], coords: Sequence):

@@ -1,41 +1,51 @@
-"""An IR plan specialized to the calling rank: what a cached eager call runs.
+"""An IR plan specialized to the calling rank: the one executable form eager runs.
 
-:func:`redist_opt.runtime.execute.execute` interprets the FX graph and evaluates
-size expressions (sympy) on every call, which suits a plan run once (and a
-trace). A cached call instead runs a :class:`RankProgram`, built once per plan,
-mesh and rank:
+Every eager run of a plan, cached or not, runs a :class:`RankProgram` built from the
+plan's IR for one mesh and rank (a cached call keeps its program; ``execute`` builds
+one per call; a trace builds one while tracing):
 
 - every size, start and index is an ``int`` for this rank's coordinates (under
   ``LocalTensorMode``: one tuple of ints per simulated rank);
 - every group is resolved to its process group's name once (what funcol
   resolves ``(mesh, dim)`` to on every call);
-- the program is a straight list of steps: funcol calls and local-op calls
-  (through :func:`redist_opt.runtime.execute.apply_local_op`, the one place local
-  ops are implemented).
+- the program is a straight list of steps: the op definitions of
+  :mod:`redist_opt.ir.local_ops` (local ops, and each collective's layout and
+  functional collective) run through its eager emitter, the same definitions the
+  graph lowering emits.
 
-Collectives stay pending as in torch: with ``async_op=True`` the last
-collective's ``AsyncCollectiveTensor`` is returned unwaited (a local op after a
-collective needs its data, and so waits, as torch's padding steps do); with
-``async_op=False`` the result is waited before it is returned. No check runs on
-a specialized call that torch does not also make (the first call of a plan, which
-builds the program, checked the local shape).
+Every collective goes through ``torch.ops._c10d_functional`` (so it is traceable,
+``CommDebugMode`` counts it, and ``LocalTensorMode`` simulates it). Collectives stay
+pending as in torch: with ``async_op=True`` the last collective's
+``AsyncCollectiveTensor`` is returned unwaited (a local op after a collective needs its
+data, and so waits, as torch's padding steps do); with ``async_op=False`` the result is
+waited before it is returned. While tracing, each collective is waited at once, as
+funcol does. No check runs on a specialized call that torch does not also make (the
+first call of a plan, which builds the program, checked the local shape).
+
+Which process group runs each collective is decided by layout, in
+``redist_opt.runtime.groups``; a group that cannot be resolved raises
+``GroupUnavailable`` there, before the program issues anything.
 """
 
 from __future__ import annotations
+
+import functools
+import weakref
 
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.local_ops import EAGER, Collective, collective, run_local_op
 from redist_opt.ir.ops import ir_name
 from redist_opt.runtime import torch_dtensor as tdt
-from redist_opt.runtime.execute import apply_local_op, rank_coordinates, run_collective
 from redist_opt.runtime.groups import resolve_group
 
-__all__ = ["RankProgram", "specialize"]
+__all__ = ["RankProgram", "specialize", "rank_coordinates"]
 
 _ASYNC = funcol.AsyncCollectiveTensor
+_wait = torch.ops._c10d_functional.wait_tensor.default
 
 
 class RankProgram:
@@ -61,57 +71,120 @@ class RankProgram:
         return "RankProgram(\n  " + "\n  ".join(self.text) + "\n)"
 
 
-def specialize(gm: fx.GraphModule, device_mesh, *, groups="existing") -> RankProgram:
-    """The plan ``gm`` bound to the calling rank of ``device_mesh`` (or to every
-    simulated rank, under ``LocalTensorMode``). Raises ``GroupUnavailable`` where a
-    group cannot be resolved under the ``groups`` policy, as ``execute`` does."""
-    coords = None
+# -- coordinates ----------------------------------------------------------------
+
+_coords_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
+    """This rank's mesh coordinate, or {rank: coordinate} under LocalTensorMode."""
+    lm = tdt.local_tensor_mode()
+    if lm is None:
+        coord = device_mesh.get_coordinate()
+        if coord is None:
+            raise RuntimeError("the calling rank is not part of the mesh")
+        return tuple(int(c) for c in coord)
+    key = (id(lm), lm.ranks)
+    per_mesh = _coords_cache.setdefault(device_mesh, {})
+    if key not in per_mesh:
+        coords = device_mesh.get_coordinate()
+        per_mesh[key] = {r: tuple(tdt.int_on_rank(c, r) for c in coords) for r in lm.ranks}
+    return per_mesh[key]
+
+
+# -- building ---------------------------------------------------------------------
+
+
+def specialize(gm: fx.GraphModule, device_mesh, *, dtype: torch.dtype, groups="existing") -> RankProgram:
+    """The plan ``gm`` for a local tensor of ``dtype``, bound to the calling rank of
+    ``device_mesh`` (or to every simulated rank, under ``LocalTensorMode``). Raises
+    ``GroupUnavailable`` where a group cannot be resolved under the ``groups`` policy."""
+    nodes = [n for n in gm.graph.nodes if ir_name(n) is not None]
+    # Every group first: one that cannot be had (GroupUnavailable, agreed on every
+    # rank) is then known before this rank issued any collective of the plan.
+    names = {
+        n: tdt.group_name(resolve_group(device_mesh, n.args[1], groups))
+        for n in nodes
+        if n.target.is_collective
+    }
+    coords = rank_coordinates(device_mesh) if nodes else ()
+    per_rank = isinstance(coords, dict)
+    traced = tdt.are_we_tracing()
     steps, text = [], []
-    for node in gm.graph.nodes:
-        name = ir_name(node)
-        if name is None:
+    for node in nodes:
+        name, params = ir_name(node), tuple(node.args[1:])
+        if not node.target.is_collective:
+            values = _on_ranks(coords, functools.partial(sym.evaluate_params, params))
+            steps.append(_local_step(_local_op(name), values, per_rank))
+            text.append(f"{name} per rank {values}" if per_rank else f"{name}{values}")
             continue
-        params = tuple(node.args[1:])
-        if node.target.is_collective:
-            group_name = tdt.group_name(resolve_group(device_mesh, params[0], groups))
-            steps.append(_collective_step(name, params, group_name))
-            text.append(f"{name}{(group_name, *params[1:])}")
-            continue
-        if coords is None:
-            coords = rank_coordinates(device_mesh)
-        per_rank = isinstance(coords, dict)
-        if per_rank:
-            values = {r: sym.evaluate_params(params, c) for r, c in coords.items()}
-            text.append(f"{name} per rank {values}")
-        else:
-            values = sym.evaluate_params(params, coords)
-            text.append(f"{name}{values}")
-        steps.append(_local_step(name, values, per_rank))
+        bind = functools.partial(_bind_collective, node, dtype)
+        parts = _on_ranks(coords, bind)
+        first = next(iter(parts.values())) if per_rank else parts
+        if first.before is not None:
+            steps.append(_local_step(_before, parts, per_rank))
+        steps.append(_issue_step(first.issue, names[node], pending=first.after is None and not traced))
+        if first.after is not None:
+            steps.append(_local_step(_after, parts, per_rank))
+        text.append(f"{name}{(names[node], *params[1:])}")
     return RankProgram(steps, text)
 
 
-def _collective_step(name: str, params: tuple, group_name: str):
+def _bind_collective(node: fx.Node, dtype: torch.dtype, coord) -> Collective:
+    group, *params = node.args[1:]
+    shape = [sym.evaluate(s, coord) for s in node.args[0].meta["shape"]]
+    return collective(ir_name(node), shape, dtype, group.size, sym.evaluate_params(params, coord))
+
+
+def _local_op(name: str):
+    return lambda values: lambda x: run_local_op(name, x, values)
+
+
+def _before(c: Collective):
+    return lambda x: c.before(EAGER, x)
+
+
+def _after(c: Collective):
+    return lambda x: c.after(EAGER, x)
+
+
+def _on_ranks(coords, fn):
+    return {r: fn(c) for r, c in coords.items()} if isinstance(coords, dict) else fn(coords)
+
+
+def _issue_step(issue, group_name: str, pending: bool):
+    # ``pending``: the result is left in flight (an AsyncCollectiveTensor, as funcol returns
+    # outside tracing); otherwise it is waited now (what follows needs its data, or a trace).
     def step(x):
-        return run_collective(name, x, params, group_name)
+        if type(x) is _ASYNC:
+            x = x.wait()
+        issued = issue(EAGER, x, group_name)
+        return _ASYNC(issued) if pending else _wait(issued)
 
     return step
 
 
-def _local_step(name: str, values, per_rank: bool):
-    if per_rank:  # LocalTensorMode: each simulated rank's tensor with its own integers
+def _local_step(bind, values, per_rank: bool):
+    """A step running ``bind(v)(tensor)`` with this rank's bound ``values`` (per simulated rank
+    under LocalTensorMode: each rank's tensor with its own)."""
+    if per_rank:
+        runs = {r: bind(v) for r, v in values.items()}
+        first = next(iter(runs.values()))
 
         def step(x):
             if type(x) is _ASYNC:
                 x = x.wait()
             if tdt.is_per_rank(x):
-                return tdt.map_per_rank(x, lambda rank, t: apply_local_op(name, t, values[rank]))
-            return apply_local_op(name, x, values[next(iter(values))])
+                return tdt.map_per_rank(x, lambda rank, t: runs[rank](t))
+            return first(x)
 
         return step
+
+    run = bind(values)
 
     def step(x):
         if type(x) is _ASYNC:
             x = x.wait()  # a local op needs the data
-        return apply_local_op(name, x, values)
+        return run(x)
 
     return step

@@ -258,3 +258,24 @@ def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch
     with pytest.warns(UserWarning, match="compiled-graph pass failed"):
         capture, _ = _compile_and_run(f, (torch.ones(8, 4),), "ours", backward=False)
     assert capture.counts() == [2]  # the routed trace, intact
+
+
+@pytest.mark.parametrize("which", ["enabled", "ours"])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32])
+def test_complex_all_to_all_moves_real_pairs_in_the_compiled_graph(dtype, which):
+    # A backend's all_to_all may refuse complex tensors (gloo's does): the traced plan sends
+    # the real view, and only complex data takes it.
+    mesh = _mesh_2x2x2_dp_tp_flat()
+
+    def f(x):
+        return x.redistribute(mesh, [Shard(1), Replicate(), Replicate()]).to_local()
+
+    x = DTensor.from_local(torch.randn(4, 8, dtype=dtype), mesh, [Shard(0), Replicate(), Replicate()])
+    capture, _ = _compile_and_run(f, (x,), which, backward=False)
+    (a2a,) = [n for n in capture.graphs[0].graph.nodes if "all_to_all_single" in str(n.target)]
+    sent_as_real = "view_as_real" in str(a2a.args[0].target)
+    assert sent_as_real == dtype.is_complex, capture.graphs[0].code
+    assert (
+        capture.graphs[0].graph.find_nodes(op="call_function", target=torch.ops.aten.view_as_complex.default)
+        or not dtype.is_complex
+    )

@@ -1,5 +1,6 @@
-"""The local ops' one definition (``redist_opt.ir.local_ops``): every IR local op has it,
-and running it eagerly equals emitting it into a graph and running that graph."""
+"""The ops' one definition (``redist_opt.ir.local_ops``): every IR local op has it, and
+running it eagerly equals emitting it into a graph and running that graph; each collective's
+layout around its functional collective gives what torch.chunk and cat give, in both emitters."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from redist_opt.graph.lower_chains import lower_plan
+from redist_opt.graph.lower_ops import Emitter
 from redist_opt.ir import symbolic as sym
-from redist_opt.ir.local_ops import LOCAL_OPS, rank_params, run_local_op
+from redist_opt.ir.local_ops import EAGER, LOCAL_OPS, collective, rank_params, run_local_op
 from redist_opt.ir.ops import OPS, GraphBuilder
 
 MESH = (2, 3)
@@ -131,3 +133,75 @@ def test_eager_ops_with_rank_ints_call_no_sympy():
     finally:
         sys.setprofile(None)
     assert not calls, f"sympy called: {sorted(set(calls))}"
+
+
+# -- collectives: the layout around each functional collective, the exchange simulated ---------------
+
+# (id, collective, input shape, group size, params after the group)
+COLLECTIVE_CASES = [
+    ("a2a_dim0_to_1", "all_to_all", (4, 6), 2, (0, 1)),
+    ("a2a_dim1_to_2", "all_to_all", (4, 6, 2), 2, (1, 2)),
+    ("a2a_dim1_to_0_by3", "all_to_all", (3, 6), 3, (1, 0)),
+    ("a2a_two_split_dims", "all_to_all", (4, 6, 2), 4, (((0, 2), (1, 2)), 2)),
+    ("a2a_two_split_dims_swapped", "all_to_all", (4, 6, 2), 4, (((1, 2), (0, 2)), 0)),
+    ("a2a_empty", "all_to_all", (4, 0), 2, (0, 1)),
+    ("gather_dim0", "all_gather", (2, 3), 3, (0,)),
+    ("gather_dim1", "all_gather", (2, 3, 2), 2, (1,)),
+    ("scatter_dim0", "reduce_scatter", (6, 2), 2, ("sum", 0)),
+    ("scatter_dim1", "reduce_scatter", (2, 6, 2), 3, ("sum", 1)),
+]
+
+
+def _blocks(x, splits):
+    blocks = [x]
+    for d, pieces in splits:
+        blocks = [c for b in blocks for c in torch.chunk(b, pieces, d)]
+    return blocks
+
+
+def _expected(kind, xs, n, params):
+    """What each rank holds after the IR collective, from torch.chunk / cat directly."""
+    if kind == "all_to_all":
+        split, cat = params
+        splits = split if isinstance(split, tuple) else ((split, n),)
+        return [torch.cat([_blocks(x, splits)[k] for x in xs], cat) for k in range(n)]
+    if kind == "all_gather":
+        return [torch.cat(xs, params[0])] * n
+    return list(torch.chunk(sum(xs), n, params[1]))
+
+
+def _exchange(kind, sends, n):
+    """The functional collective itself on n ranks' buffers."""
+    if kind == "all_to_all":  # row k of rank j's buffer reaches rank k at row j
+        return [torch.stack([s[k] for s in sends]) for k in range(n)]
+    if kind == "all_gather":
+        return [torch.cat(sends)] * n
+    return list(torch.chunk(sum(sends), n))  # reduce_scatter, sum
+
+
+def _emitted(fn, x, graph_emitter: bool):
+    if fn is None:
+        return x
+    if not graph_emitter:
+        return fn(EAGER, x)
+    graph = fx.Graph()
+    placeholder = graph.placeholder("x")
+    placeholder.meta["val"] = FakeTensorMode().from_tensor(x)
+    graph.output(fn(Emitter(graph), placeholder))
+    return fx.GraphModule(torch.nn.Module(), graph)(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=["f32", "c64"])
+@pytest.mark.parametrize("graph_emitter", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("case", COLLECTIVE_CASES, ids=[c[0] for c in COLLECTIVE_CASES])
+def test_collective_layout_around_the_exchange(case, graph_emitter, dtype):
+    _, kind, shape, n, params = case
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(shape, generator=g, dtype=dtype) for _ in range(n)]
+    c = collective(kind, shape, dtype, n, params)
+    sends = [_emitted(c.before, x, graph_emitter) for x in xs]
+    if dtype.is_complex and kind != "reduce_scatter":  # only bytes move: as real pairs
+        assert all(not s.is_complex() for s in sends)
+    got = [_emitted(c.after, y, graph_emitter) for y in _exchange(kind, sends, n)]
+    for k, (a, b) in enumerate(zip(got, _expected(kind, xs, n, params))):
+        assert a.dtype == dtype and a.shape == b.shape and torch.equal(a, b), (k, a, b)

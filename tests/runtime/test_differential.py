@@ -56,3 +56,8 @@ def test_mixed_partials(case):
 @pytest.mark.parametrize("case", _params("chains"))
 def test_chains(case):
     run_case(case)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES["dtypes"]])
+def test_dtypes(case):
+    run_case(case)

@@ -311,6 +311,33 @@ def chain_cases():
     return cases
 
 
+# The dtypes torch's redistribute accepts beyond the float ones above: every collective kind
+# (all_to_all, all_gather, reduce_scatter, all_reduce; merged on 2x2x2), even and uneven, with
+# reduce ops (complex max: c10d's all_reduce refuses it, so torch's planner runs it), directly
+# and through enabled().
+DTYPE_PROGRAMS = [
+    ("2x2", ("S(0)", "R"), ("S(1)", "R"), (8, 4)),
+    ("2x2", ("S(0)", "R"), ("S(1)", "R"), (5, 3)),
+    ("2x2", ("P", "P"), ("S(0)", "S(1)"), (5, 3)),
+    ("2x2", ("S(0)", "S(1)"), ("R", "R"), (7, 5)),
+    ("2x2x2", ("S(0)", "S(0)", "S(0)"), ("S(1)", "S(1)", "S(1)"), (8, 8)),
+    ("2x2x2", ("P", "P", "P"), ("R", "S(0)", "R"), (5, 3)),
+    ("2x2x2_ab_ac_bc_abc", ("S(0)", "S(1)", "S(0)"), ("R", "R", "R"), (5, 3)),
+]
+DTYPE_OPS = {C64: ("sum", "avg", "max"), BF16: ("sum", "max"), torch.float16: ("avg", "min")}
+DTYPE_OPS.update({torch.int64: ("sum", "avg", "max"), torch.bool: ("sum", "min")})
+
+
+def dtype_cases():
+    cases = []
+    for dtype, ops in DTYPE_OPS.items():
+        for k, (m, s, d, shape) in enumerate(DTYPE_PROGRAMS):
+            for op in ops if "P" in s else ("sum",):
+                via = "enabled" if k % 2 else "function"
+                cases.append(Case(m, with_op(s, op), with_op(d, op), shape, dtype, via=via))
+    return cases
+
+
 def all_cases():
     groups = {
         "1d": one_d_cases(),
@@ -320,5 +347,6 @@ def all_cases():
         "api": api_variant_cases(),
         "mixed_partials": mixed_partial_cases(),
         "chains": chain_cases(),
+        "dtypes": dtype_cases(),
     }
     return {k: _dedupe(v) for k, v in groups.items()}

@@ -49,11 +49,27 @@ CASES = [
     ("b", ["S(0)"], ["S(1)"], (5, 3), "f32"),  # 1-D submesh
     ("b", ["P"], ["S(0)"], (3, 2), "f32"),
     ("2x2", ["S(0)", "R"], ["P", "R"], (4, 4), "f32"),  # rejected by both
+    # dtypes beyond float: gloo's all_to_all refuses complex (it moves as real pairs)
+    ("2x2", ["S(0)", "R"], ["S(1)", "R"], (5, 3), "c64"),
+    ("2x2", ["S(0)", "S(0)"], ["S(1)", "S(2)"], (4, 3, 5), "c64"),
+    ("2x2", ["S(0)", "S(1)"], ["R", "R"], (7, 5), "c64"),
+    ("2x2", ["P", "P"], ["S(0)", "S(1)"], (5, 3), "f16"),
+    ("2x2", ["R", "S(1)"], ["R", "S(0)"], (3, 7), "i64"),
+    ("2x2", ["P(max)", "R"], ["S(1)", "R"], (4, 6), "i64"),
+    ("2x2", ["P", "R"], ["S(1)", "R"], (4, 6), "bool"),
 ]
 ROUTED_CASE = ("2x2", ["P", "S(1)"], ["S(0)", "R"], (5, 3), "f32")
 
 
-DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "c64": torch.complex64}
+DTYPES = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "c64": torch.complex64,
+    "i64": torch.int64,
+    "bool": torch.bool,
+}
 
 
 def _seed(*parts) -> int:
@@ -64,6 +80,10 @@ def _rand(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     if dtype.is_complex:
         return torch.randn(*shape, generator=g, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if not dtype.is_floating_point:  # integers: a range where avg must truncate and sums stay exact
+        return torch.randint(-50, 51, shape, generator=g, dtype=dtype)
     return torch.randn(*shape, generator=g).to(dtype)
 
 
@@ -165,12 +185,13 @@ def _check_optimized(name, dt, mesh, dst_p, a, c1):
     if not torch.equal(o, a):
         linear = any(p.is_partial() and p.reduce_op in ("sum", "avg") for p in dt.placements)
         assert linear, f"{name}: optimized plan's values differ (no reduction to reorder)"
-        tol = 5e-2 if a.dtype == torch.bfloat16 else 1e-5
+        tol = {torch.bfloat16: 5e-2, torch.float16: 1e-2}.get(a.dtype, 1e-5)
         torch.testing.assert_close(o, a, rtol=tol, atol=tol, msg=f"{name}: optimized values")
 
 
-def run_case(rank, meshes, case, routed=False):
-    """One case on this rank; raises AssertionError naming it on any difference."""
+def run_case(rank, meshes, case, routed=False) -> str | None:
+    """One case on this rank; raises AssertionError naming it on any difference. Returns what
+    torch raised where it raised (and redist_opt did too), else None."""
     mname, src, dst, shape, dtn = case
     name = f"rank {rank}: {mname} {src}->{dst} {shape} {dtn}" + (" via enabled()" if routed else "")
     mesh = meshes[mname]
@@ -186,13 +207,14 @@ def run_case(rank, meshes, case, routed=False):
         assert isinstance(cand_err, (redist_opt.RedistributeError, RuntimeError)), (
             f"{name}: redist_opt raised {type(cand_err).__name__}: {cand_err}"
         )
-        return
+        return f"{type(ref_err).__name__}: {str(ref_err).splitlines()[0] if str(ref_err) else ''}"
     if cand_err is not None:
         raise AssertionError(
             f"{name}: torch succeeds but redist_opt raised {type(cand_err).__name__}: {cand_err}"
         ) from cand_err
     _check_same_as_torch(name, ref, cand, c1, c2)
     _check_optimized(name, dt, mesh, dst_p, ref.to_local(), c1)
+    return None
 
 
 def worker(rank: int, port: int) -> None:

@@ -78,6 +78,7 @@ DTYPE_NAMES = {
     torch.float16: "f16",
     torch.int64: "i64",
     torch.int32: "i32",
+    torch.bool: "bool",
 }
 
 
@@ -87,6 +88,8 @@ def case_seed(*parts: Any) -> int:
 
 def random_tensor(shape, dtype, seed) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, tuple(shape), generator=g).bool()
     if not (dtype.is_floating_point or dtype.is_complex):  # integers: avg must truncate
         return torch.randint(-50, 51, tuple(shape), generator=g, dtype=dtype)
     if dtype.is_complex:

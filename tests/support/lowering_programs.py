@@ -69,6 +69,18 @@ CASES = [
     ("norm", "P(norm2),R", "R,R", (4, 6), "existing", {"power", "all_reduce", "root"}),
 ]
 MESH = (2, 2)
+# (case, dtype): the dtypes beyond float32 that torch's redistribute accepts, on the cases that
+# lay data out around a collective (complex moves as real pairs in gathers and all_to_all)
+DTYPE_TWINS = [
+    ("all_to_all", torch.complex64),
+    ("split_all_to_all", torch.complex64),
+    ("all_gather_dim1", torch.complex64),
+    ("reduce_scatter_dim1", torch.complex64),
+    ("all_to_all_uneven", torch.int64),
+    ("gather_blocks_uneven", torch.bfloat16),
+    ("reduce_scatter_dim1", torch.float16),
+    ("all_reduce", torch.bool),
+]
 # One cost model on every rank and in the rank-free coverage check (a gloo mesh would
 # otherwise pick the gloo profile, whose plans may merge less).
 COST = CostModel.profile("nccl")
@@ -78,9 +90,9 @@ def placements(text: str, ndim: int):
     return normalize_placements(text.split(","), mesh_shape=MESH, tensor_ndim=ndim, role="source")
 
 
-def plan_of(spec: MeshSpec, case):
+def plan_of(spec: MeshSpec, case, dtype: torch.dtype = torch.float32):
     _, src, dst, shape, groups, _ = case
-    naive = make_plan(spec, src.split(","), dst.split(","), shape)
+    naive = make_plan(spec, src.split(","), dst.split(","), shape, dtype)
     return run_pipeline(naive, groups=groups, cost=COST)
 
 
@@ -141,6 +153,19 @@ def _lowered_graph(plan, mesh, groups: str) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+def runs() -> list[tuple]:
+    """(case, dtype, id): every case in float32, then the dtype twins."""
+    by_name = {c[0]: c for c in CASES}
+    out = [(c, torch.float32, c[0]) for c in CASES]
+    return out + [(by_name[n], dt, f"{n}-{str(dt).removeprefix('torch.')}") for n, dt in DTYPE_TWINS]
+
+
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_complex:  # an imaginary part unlike the real one, so a swap of the two shows
+        return torch.complex(x, 1 - 2 * x).to(dtype)
+    return x.to(dtype)
+
+
 def gloo_lowered_plans(rank: int, world: int, names=None) -> dict:
     """Every case: lowered graph == runtime.execute == torch (merge off), bitwise, on this rank."""
     from redist_opt.runtime.execute import execute
@@ -148,15 +173,15 @@ def gloo_lowered_plans(rank: int, world: int, names=None) -> dict:
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("a", "b"))
     spec = MeshSpec.from_device_mesh(mesh)
     out = {}
-    for i, case in enumerate(CASES):
+    for i, (case, dtype, run_id) in enumerate(runs()):
         name, src, dst, shape, groups, expected = case
         if names is not None and name not in names:
             continue
-        plan = plan_of(spec, case)
+        plan = plan_of(spec, case, dtype)
         contents = plan_contents(plan)
         assert expected <= contents, f"{name}: plan holds {sorted(contents)}, expected {sorted(expected)}"
         src_p, dst_p = placements(src, len(shape)), placements(dst, len(shape))
-        local = _local_input(mesh, src_p, shape, 100 + i)
+        local = _as_dtype(_local_input(mesh, src_p, shape, 100 + i), dtype)
         stride = torch.empty(shape).stride()
         dt = DTensor.from_local(local, mesh, src_p, run_check=False, shape=torch.Size(shape), stride=stride)
         with disable_redistribute_transform_optimization():
@@ -165,9 +190,9 @@ def gloo_lowered_plans(rank: int, world: int, names=None) -> dict:
         lowered = _lowered_graph(plan, mesh, groups)(local)
         for who, got in (("eager runtime", eager), ("lowered graph", lowered)):
             assert got.shape == ref.shape and torch.equal(got, ref), (
-                f"rank {rank} {name}: {who} differs from torch:\n{got}\n{ref}"
+                f"rank {rank} {run_id}: {who} differs from torch:\n{got}\n{ref}"
             )
-        out[name] = sorted(contents)
+        out[run_id] = sorted(contents)
     return out
 
 

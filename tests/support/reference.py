@@ -48,7 +48,9 @@ def global_reference(inp: Input, shape: Sequence[int]) -> torch.Tensor | None:
             if src[i].reduce_op == "avg":
                 scale *= mesh_shape[i]
         return stacked.sum(0) / scale
-    return _REDUCE[ops.pop()](stacked)
+    out = _REDUCE[ops.pop()](stacked)
+    # bool: a sum is a logical or (bool + bool is True, as c10d's bool sum)
+    return (out != 0).to(hi) if sample.dtype == torch.bool else out
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -60,6 +62,7 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
         torch.float16: (5e-3, 5e-3),
         torch.int64: (0, 0),
         torch.int32: (0, 0),
+        torch.bool: (0, 0),
     }[dtype]
 
 
