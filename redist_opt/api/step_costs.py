@@ -45,6 +45,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from redist_opt.ir import cost_fit
@@ -87,6 +88,12 @@ class _CollectiveTimer(TorchDispatchMode):
         self._pending: dict[int, tuple[tuple[str, int, int], float]] = {}
         self._sizes: dict[str, int] = {}
 
+    @classmethod
+    def is_infra_mode(cls) -> bool:
+        # Dynamo skips every frame while a user dispatch mode is active; an infra mode it
+        # leaves alone, so compiled steps run their compiled code under the timer.
+        return True
+
     def _group_size(self, name: str) -> int:
         if name not in self._sizes:
             self._sizes[name] = len(tdt.process_group_ranks(name))
@@ -94,6 +101,8 @@ class _CollectiveTimer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # DTensor dispatches to local ops, which we see
         if func in _COLLECTIVES:
             kind, group_arg = _COLLECTIVES[func]
             x = args[0]
