@@ -16,12 +16,20 @@ warm-up steps (the compiles happen there); then rounds of one step per variant, 
 :func:`stats.interleaved_order`, each step after a barrier. Afterwards every variant runs
 one step under the collective counter (the count shows each side ran its own graphs)
 and a few steps under the profiler (the communication share).
+
+With ``tune_steps`` > 0 each compiled compiler gets a third side, ``tuned``: after the
+warm-up, ``redist_opt.profile_steps`` measures ``tune_steps`` steps of torch's variant (the
+collectives as traced, which our rewrites replace) and as many of ours (the rewritten ones)
+into one in-step profile, and ``backend(cost=that profile)`` compiles the blocks again:
+the decisions the step's own times make. What tuning costs (seconds, steps) is reported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
 import time
 import warnings
 
@@ -45,7 +53,9 @@ def variant_names(compilers) -> list[str]:
     return [f"{c}/{side}" for c in compilers for side in SIDES]
 
 
-def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds: int, warmup: int) -> dict:
+def run_wall(
+    rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds: int, warmup: int, tune_steps: int = 0
+) -> dict:
     """Spawned target: this rank's step times per variant, collectives per step, and the
     communication share of profiled steps."""
     stubbed = M.import_torchtitan()
@@ -60,7 +70,15 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
     blocks = list(model.layers.children())
     impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers)}
     batches = batches_for(dims, 4)
-    out: dict = {"rank": rank, "stubbed": stubbed, "errors": {}, "walls": {}, "collectives": {}, "comm": {}}
+    out: dict = {
+        "rank": rank,
+        "stubbed": stubbed,
+        "errors": {},
+        "walls": {},
+        "collectives": {},
+        "comm": {},
+        "tuning": {},
+    }
     step_no = 0
 
     def step(name: str) -> float:
@@ -83,6 +101,15 @@ def run_wall(rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds:
             live.append(name)
         except Exception as e:  # noqa: BLE001 - a compile that fails on every rank alike is a result
             out["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    for compiler in compilers if tune_steps > 0 else ():
+        if compiler != "eager" and {f"{compiler}/torch", f"{compiler}/ours"} <= set(live):
+            name = f"{compiler}/tuned"
+            t0 = time.perf_counter()
+            impls[name] = _tuned_impls(blocks, compiler, step, cfg, tune_steps)
+            for _ in range(warmup):
+                step(name)
+            out["tuning"][compiler] = {"seconds": time.perf_counter() - t0, "steps": 2 * tune_steps + warmup}
+            live.append(name)
     out["walls"] = {name: [] for name in live}
     out["order"] = stats.interleaved_order(live, rounds)
     for order in out["order"]:
@@ -123,6 +150,26 @@ def _compiled_impls(blocks: list, name: str) -> list:
         backend = compiler
     else:
         backend = redist_opt.backend() if compiler == "inductor" else redist_opt.backend(compiler)
+    return [torch.compile(block._call_impl, backend=backend) for block in blocks]
+
+
+def _tuned_impls(blocks: list, compiler: str, step, cfg: M.StepConfig, tune_steps: int) -> list:
+    """Measure ``tune_steps`` steps of torch's variant and of ours into one in-step profile
+    (the same file and contents on every rank), then compile the blocks with it."""
+    # The ranks share the parent's pid, so they name the same file.
+    path = os.path.join(
+        tempfile.gettempdir(), f"step_wall_{cfg.label.replace(' ', '_')}_{compiler}_{os.getppid()}.json"
+    )
+    if dist.get_rank() == 0 and os.path.exists(path):
+        os.remove(path)
+    dist.barrier()
+    for side in ("torch", "ours"):
+        with redist_opt.profile_steps(path):
+            for _ in range(tune_steps):
+                step(f"{compiler}/{side}")
+    backend = (
+        redist_opt.backend(cost=path) if compiler == "inductor" else redist_opt.backend(compiler, cost=path)
+    )
     return [torch.compile(block._call_impl, backend=backend) for block in blocks]
 
 

@@ -25,7 +25,7 @@ WALL_CONFIGS = (
 
 
 def run_wall_bench(
-    configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, log=print
+    configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, tune_steps: int = 0, log=print
 ) -> list:
     """Every config's :func:`summarize` result, one spawned job per config."""
     from redist_opt.tools.spawn import run_ranks
@@ -34,7 +34,9 @@ def run_wall_bench(
     for cfg in configs:
         t0 = time.monotonic()
         log(f"running {cfg.label} on {cfg.world} gloo ranks: {', '.join(compilers)}, {rounds} rounds ...")
-        ranks = run_ranks(run_wall, cfg.world, (cfg, tuple(compilers), rounds, warmup), timeout=timeout)
+        ranks = run_ranks(
+            run_wall, cfg.world, (cfg, tuple(compilers), rounds, warmup, tune_steps), timeout=timeout
+        )
         results.append(summarize(cfg, ranks))
         log(f"  done in {time.monotonic() - t0:.0f}s")
     return results
@@ -47,10 +49,14 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
     r0 = ranks[0]
     rows = []
     compilers = dict.fromkeys(name.split("/")[0] for name in [*r0["walls"], *r0["errors"]])
-    for compiler in compilers:
-        t_name, o_name = f"{compiler}/torch", f"{compiler}/ours"
+    sides = [(c, "ours") for c in compilers] + [
+        (c, "tuned") for c in compilers if f"{c}/tuned" in r0["walls"]
+    ]
+    for compiler, side in sides:
+        t_name, o_name = f"{compiler}/torch", f"{compiler}/{side}"
         errors = {n: r0["errors"][n] for n in (t_name, o_name) if n in r0["errors"]}
-        row: dict = {"config": cfg.label, "compiler": compiler, "errors": errors}
+        label = compiler if side == "ours" else f"{compiler}, tuned"
+        row: dict = {"config": cfg.label, "compiler": label, "errors": errors}
         rows.append(row)
         if errors:
             continue
@@ -70,7 +76,7 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
             collectives_ours=r0["collectives"][o_name]["count"],
             walls={"torch": t, "ours": o},
         )
-    return {"config": cfg.label, "stubbed": r0["stubbed"], "rows": rows}
+    return {"config": cfg.label, "stubbed": r0["stubbed"], "rows": rows, "tuning": r0.get("tuning", {})}
 
 
 def _share(ranks: list, name: str) -> float:
@@ -112,6 +118,7 @@ def cmd_wall(args, configs: list) -> int:
             rounds=args.rounds,
             warmup=args.warmup,
             timeout=args.timeout,
+            tune_steps=args.tune_steps,
             log=lambda s: print(s, flush=True),
         )
     except SpawnError as e:
@@ -125,6 +132,12 @@ def cmd_wall(args, configs: list) -> int:
         f"gloo collective in flight / step, median of {PROFILE_STEPS} profiled steps on every rank.\n"
     )
     print(format_markdown(results))
+    for res in results:
+        for compiler, t in res["tuning"].items():
+            print(
+                f"\ntuning {res['config']} {compiler}: {t['seconds']:.1f} s, "
+                f"{t['steps']} steps (measure, compile)"
+            )
     stubbed = sorted({s for res in results for s in res["stubbed"]})
     if stubbed:
         print(f"\nstubbed in the ranks (not installed, unused on CPU): {', '.join(stubbed)}")

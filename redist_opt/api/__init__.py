@@ -6,7 +6,8 @@ errors), ``specs`` (MeshSpecs of DeviceMeshes, meshes planned on), ``planning``
 (``redistribute_local_tensor``), ``autograd`` (the differentiable redistribution),
 ``costs`` (``redistribute_cost``, our plans priced for planners), ``routing``
 (``enabled``), ``public`` (``redistribute``), ``advice`` (which flattened groups
-to create), ``recording`` (``record``).
+to create), ``recording`` (``record``), ``step_costs`` (``profile_steps``: in-step
+collective costs as a cost profile).
 """
 
 from redist_opt.api.costs import redistribute_cost
@@ -17,6 +18,7 @@ from redist_opt.api.public import redistribute
 from redist_opt.api.recording import Recording, record
 from redist_opt.api.routing import enabled
 from redist_opt.api.specs import live_meshes, mesh_facts, recording_meshes, spec_of
+from redist_opt.api.step_costs import StepCosts, profile_steps
 
 __all__ = [
     "plan",
@@ -28,6 +30,8 @@ __all__ = [
     "clear_caches",
     "record",
     "Recording",
+    "profile_steps",
+    "StepCosts",
     # for the graph layer
     "check_groups",
     "warn_once",

@@ -129,3 +129,27 @@ def rank_3_fails_to_arrive(ctx):
             time.sleep(float(how))
     with ctx.redistribution():
         return _ppr_and_prp(ctx, mesh, {})
+
+
+def in_step_profile_with_a_late_rank(ctx):
+    """(g) the ranks measure two steps with ``redist_opt.profile_steps`` while rank 3
+    arrives ``ctx.args[1]`` seconds late at each (so its own measurements differ from its
+    peers'), each into its own file in the folder ``ctx.args[0]`` (as on separate hosts);
+    then ``P,P,R -> R,R,R`` and ``P,R,P -> R,S(0),R`` planned with that profile (optimized
+    run): every rank must issue the same collectives."""
+    import time
+
+    import redist_opt
+
+    mesh = init_device_mesh("cpu", (2, 2, 2))
+    folder, late_s = ctx.args
+    path = os.path.join(folder, f"in_step_rank{ctx.rank}.json")
+    if not ctx.reference:
+        with redist_opt.profile_steps(path):
+            for _ in range(2):
+                if ctx.rank == 3:
+                    time.sleep(late_s)
+                with ctx.redistribution():
+                    _ppr_and_prp(ctx, mesh, {})
+    with ctx.redistribution(cost=path):
+        return _ppr_and_prp(ctx, mesh, {})

@@ -107,3 +107,13 @@ def test_ranks_with_different_cost_profiles(rank_1_profile):
         _assert_every_rank_raised(reps, "rank(s) [1] cannot resolve the cost profile", rank_1_profile)
     assert fh.sequence_mismatches(reps) == []
     assert fh.worst_agreement_wait(reps) <= PG_TIMEOUT_S + SLACK_S
+
+
+def test_a_rank_that_measures_differently_plans_like_the_others(tmp_path):
+    # (g) rank 3 is late at every profiled step, so its in-step times differ from its
+    # peers': the ranks agree on one profile (the slowest rank's medians) and then issue
+    # the same collectives with it, computing torch's values.
+    reps = _run(fault_programs.in_step_profile_with_a_late_rank, args=(str(tmp_path), 0.2))
+    fh.assert_consistent(reps, bound_s=PG_TIMEOUT_S + SLACK_S)
+    files = {p.read_bytes() for p in tmp_path.glob("in_step_rank*.json")}
+    assert len(files) == 1, "every rank wrote the same profile"
