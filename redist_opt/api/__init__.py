@@ -11,7 +11,7 @@ to create), ``recording`` (``record``).
 
 from redist_opt.api.costs import redistribute_cost
 from redist_opt.api.eager import redistribute_local_tensor
-from redist_opt.api.errors import check_groups, warn_once
+from redist_opt.api.errors import warn_once
 from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
 from redist_opt.api.recording import Recording, record
@@ -29,7 +29,6 @@ __all__ = [
     "record",
     "Recording",
     # for the graph layer
-    "check_groups",
     "warn_once",
     "live_meshes",
     "mesh_facts",

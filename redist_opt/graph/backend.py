@@ -43,6 +43,7 @@ from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
+from redist_opt.ir.placements import RedistributeError
 
 __all__ = [
     "backend",
@@ -68,17 +69,19 @@ def backend(
     ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
     aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
     each forward and backward graph. ``options=PlanOptions(...)`` or its fields as
-    keywords: :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
-    collectives may create flattened process groups while tracing; every rank
+    keywords: :func:`redist_opt.enabled`'s options, which both the trace and the
+    compiled-graph pass honour whole. Under ``groups="create"`` (or an allow-list)
+    merged collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
-    ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
-    ``groups`` is an allow-list, which that pass does not take).
+    ``graph_pass``: run the compiled-graph pass on each traced graph.
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
     options = PlanOptions.of(options, **fields)
     check_inner(inner)
-    return _RedistOptBackend(inner, options, graph_pass=graph_pass and isinstance(options.groups, str))
+    if not isinstance(graph_pass, bool):
+        raise RedistributeError(f"graph_pass={graph_pass!r}: expected True or False")
+    return _RedistOptBackend(inner, options, graph_pass=graph_pass)
 
 
 class _RedistOptBackend:
@@ -251,17 +254,16 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, options: PlanOptions | None = None, agreement=None, **fields
+    gm: fx.GraphModule, *, meshes=None, options: PlanOptions, agreement=None
 ) -> graph_pass.GraphPassResult | None:
-    """The compiled-graph pass on ``gm`` with these plan options (a pass list does not
-    apply), in place; its result, or None if it failed.
+    """The compiled-graph pass on ``gm`` under ``options``, in place; its result, or
+    None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
     distinct failure: a compile that works never fails because of the pass."""
-    options = PlanOptions.of(options, **fields)
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        return graph_pass.optimize_graph(gm, meshes=meshes, agreement=agreement, **options.keywords("passes"))
+        return graph_pass.optimize_graph(gm, meshes=meshes, options=options, agreement=agreement)
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
         gm.recompile()
