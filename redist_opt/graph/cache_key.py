@@ -1,4 +1,4 @@
-"""The cache key of the compiled-graph pass: everything that decides a rewrite.
+"""The cache keys of the compiled-graph pass: everything that decides a rewrite.
 
 Inductor's FX graph cache keys a compile on the graph it is given, its inputs and
 Inductor's config, where a custom pass counts by its ``uuid()``
@@ -17,6 +17,9 @@ whatever else decides the graph after it:
   groups exist, backend), this rank's coordinate in each and the rank map: a
   rewritten graph holds this rank's constants (its block of a slice), and the ranks
   of one host share one cache directory.
+
+``redist_opt.backend`` rewrites before Inductor takes its key, so its key
+(:func:`rewritten_graph_key`) needs only the code and the options.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.options import PlanOptions
 
-__all__ = ["graph_pass_key", "source_digest", "PACKAGE_DIR"]
+__all__ = ["graph_pass_key", "rewritten_graph_key", "source_digest", "PACKAGE_DIR"]
 
 # The package's folder (this module is redist_opt/graph/cache_key.py).
 PACKAGE_DIR = Path(__file__).parent.parent
@@ -76,6 +79,17 @@ def graph_pass_key(options: PlanOptions, meshes=None, *extra) -> str:
         "meshes": meshes_key,
         "extra": list(extra),
     }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def rewritten_graph_key(options: PlanOptions, *extra) -> str:
+    """The key of a compile whose graph was rewritten before the cache saw it
+    (``redist_opt.backend``): the graph in Inductor's key holds every decision, so
+    this names the code and options alone (no profile, meshes or rank: the same
+    rewritten graph compiles the same way on any rank)."""
+    key = {"source": source_digest(), "options": _options_key(options), "extra": list(extra)}
+    if options.cost is not None:
+        key["cost"] = options.cost.to_dict()
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
 
 
