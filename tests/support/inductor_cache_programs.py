@@ -177,7 +177,8 @@ def compile_reduce_then_slice(rank: int, world: int, cache_dir: str) -> dict:
 PROFILED = {
     "first step (compile + run)": ("inductor_cache_programs.py", "step_collectives"),
     "backend call: AOT trace, graph pass, Inductor": ("graph/backend.py", "__call__"),
-    "planning while tracing (routed redistributions)": ("api/planning.py", "plans_for"),
+    "routed redistributions while tracing (all)": ("api/routing.py", "routed_redistribute_local_tensor"),
+    "  planning them": ("api/planning.py", "plans_for"),
     "graph pass (all)": ("graph/backend.py", "run_graph_pass"),
     "  agreement: slice round": ("graph/agreement.py", "agree"),
     "  agreement: cost-profile check": ("graph/agreement.py", "check_profile"),
