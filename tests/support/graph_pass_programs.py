@@ -519,7 +519,7 @@ def fake_inductor(rank: int) -> dict:
         "modified": [r.modified for r in pass_.results],
         "code_all_reduce": code.count("_c10d_functional.all_reduce"),
         "code_reduce_scatter": code.count("_c10d_functional.reduce_scatter_tensor"),
-        "uuid": pass_.uuid().hex(),
+        "uuid": pass_.uuid(),
     }
 
 
