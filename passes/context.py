@@ -14,6 +14,7 @@ from redist_opt import ir
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.layout import format_layout
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.plan import Note
 
 __all__ = ["PassContext", "RedistPass", "GroupChoice", "Cost", "MARGIN"]
@@ -55,14 +56,32 @@ class PassContext:
     shape: tuple[int, ...]
     src: tuple
     dtype: torch.dtype = torch.float32
-    groups: str | tuple = "existing"
-    cost: CostModel = dataclasses.field(default_factory=CostModel.default)
-    prefer: str = "time"  # or "consistency": merge every reduction a group allows
+    # The caller's options whole, with the cost profile resolved (run_pipeline resolves it).
+    options: PlanOptions = dataclasses.field(default_factory=lambda: PlanOptions(cost=CostModel.default()))
     notes: list[Note] = dataclasses.field(default_factory=list)
     # The pass classes of the pipeline being run, in order (run_pipeline sets them).
     # reorder-collectives scores candidate orders by running exactly these passes
     # after itself; a context without them scores an order by itself.
     pipeline: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.options.cost is None:
+            raise ValueError(
+                "PassContext needs options with a resolved cost model (run_pipeline resolves it)"
+            )
+
+    @property
+    def groups(self) -> str | tuple:
+        return self.options.groups
+
+    @property
+    def cost(self) -> CostModel:
+        return self.options.cost
+
+    @property
+    def prefer(self) -> str:
+        """ "time", or "consistency": merge every reduction a group allows."""
+        return self.options.prefer
 
     @property
     def itemsize(self) -> int:

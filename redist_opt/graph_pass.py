@@ -6,6 +6,19 @@ The pass lives in ``redist_opt.graph``; this module keeps its public name.
 """
 
 from redist_opt.graph.compiler import compiler_fn
-from redist_opt.graph.graph_pass import GraphPassResult, RedistGraphPass, count_collectives, optimize_graph
+from redist_opt.graph.graph_pass import (
+    GraphPassResult,
+    GraphRewrites,
+    RedistGraphPass,
+    count_collectives,
+    optimize_graph,
+)
 
-__all__ = ["optimize_graph", "compiler_fn", "RedistGraphPass", "GraphPassResult", "count_collectives"]
+__all__ = [
+    "optimize_graph",
+    "compiler_fn",
+    "RedistGraphPass",
+    "GraphPassResult",
+    "GraphRewrites",
+    "count_collectives",
+]

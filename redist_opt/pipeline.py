@@ -163,9 +163,7 @@ def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
         shape=p.shape,
         src=p.src,
         dtype=p.dtype,
-        groups=options.groups,
-        cost=options.cost,
-        prefer=options.prefer,
+        options=options,
         pipeline=tuple(pass_classes),
     )
     profile = f"{options.cost.name} ({source})"

@@ -12,7 +12,7 @@ collective costs as a cost profile).
 
 from redist_opt.api.costs import redistribute_cost
 from redist_opt.api.eager import redistribute_local_tensor
-from redist_opt.api.errors import check_groups, warn_once
+from redist_opt.api.errors import warn_once
 from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
 from redist_opt.api.recording import Recording, record
@@ -33,7 +33,6 @@ __all__ = [
     "profile_steps",
     "StepCosts",
     # for the graph layer
-    "check_groups",
     "warn_once",
     "live_meshes",
     "mesh_facts",

@@ -1,4 +1,4 @@
-"""What the API refuses and how it says so: option checks, warn-once, and errors
+"""What the API refuses and how it says so: warn-once, and errors
 that are also instances of the exception type torch raises for the same input."""
 
 from __future__ import annotations
@@ -6,19 +6,12 @@ from __future__ import annotations
 import logging
 import warnings
 
-from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime import torch_dtensor as tdt
 
-__all__ = ["check_groups", "warn_once", "torch_typed", "as_torch_error"]
+__all__ = ["warn_once", "torch_typed", "as_torch_error"]
 
 logger = logging.getLogger("redist_opt")
-
-
-def check_groups(groups) -> None:
-    """Refuse a ``groups=`` value ``PlanOptions`` refuses (lists are checked against
-    the mesh by ``optimize``)."""
-    PlanOptions.of(groups=groups)
 
 
 # Keys already warned about in this process (tests clear it).

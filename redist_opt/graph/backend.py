@@ -18,11 +18,9 @@ DTensor's) are raised into the IR, optimized together and lowered back. A graph
 it cannot improve is left as it was; if the pass fails, the graph as traced is
 compiled and a warning is given once (``graph_pass=False`` turns it off).
 
-With Inductor, the graphs this backend compiles stay out of Inductor's FX graph
-cache and AOTAutograd's cache (:class:`CompiledByRedistOpt`): both key on the
-graph Dynamo captured and on Inductor's config, and the rewrite happens while
-AOTAutograd traces, so without it a compile by torch and one by this backend
-would share one cache entry, in one process or through the disk cache.
+With Inductor, the graphs this backend compiles are cached by Inductor's FX graph
+cache, keyed on each graph after the rewrite, and stay out of AOTAutograd's cache,
+which keys on the graph Dynamo captured, before it (:class:`CompiledByRedistOpt`).
 
 ``REDIST_OPT_DUMP_DIR`` also receives each forward / backward graph this backend
 produced: ``NNNN.compile[.rankR].{forward,backward}.txt``, the collectives with
@@ -41,8 +39,10 @@ from redist_opt.api import enabled, live_meshes, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
+from redist_opt.graph.cache_key import rewritten_graph_key
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
+from redist_opt.ir.placements import RedistributeError
 
 __all__ = [
     "backend",
@@ -68,17 +68,19 @@ def backend(
     ``inner``: ``"inductor"``, ``"aot_eager"``, or a callable with the contract of
     aot_autograd's ``fw_compiler`` (``(gm, example_inputs) -> callable``), called on
     each forward and backward graph. ``options=PlanOptions(...)`` or its fields as
-    keywords: :func:`redist_opt.enabled`'s options. Under ``groups="create"`` merged
-    collectives may create flattened process groups while tracing; every rank
+    keywords: :func:`redist_opt.enabled`'s options, which both the trace and the
+    compiled-graph pass honour whole. Under ``groups="create"`` (or an allow-list)
+    merged collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
-    ``graph_pass``: run the compiled-graph pass on each traced graph (skipped when
-    ``groups`` is an allow-list, which that pass does not take).
+    ``graph_pass``: run the compiled-graph pass on each traced graph.
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
     options = PlanOptions.of(options, **fields)
     check_inner(inner)
-    return _RedistOptBackend(inner, options, graph_pass=graph_pass and isinstance(options.groups, str))
+    if not isinstance(graph_pass, bool):
+        raise RedistributeError(f"graph_pass={graph_pass!r}: expected True or False")
+    return _RedistOptBackend(inner, options, graph_pass=graph_pass)
 
 
 class _RedistOptBackend:
@@ -126,9 +128,17 @@ class _RedistOptBackend:
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
                 return compile_fx_inner(g, inputs, *args, **kwargs)
 
-            return compile_fx(
-                gm, example_inputs, inner_compile=inner_compile, config_patches=_uncached_config()
-            )
+            # AOTAutograd's cache is looked up before the trace: a hit would skip the
+            # routing, the graph pass and its rounds with the other ranks (see
+            # CompiledByRedistOpt). Inductor's FX graph cache keys on each graph after them.
+            import torch._functorch.config
+
+            with torch._functorch.config.patch(
+                enable_autograd_cache=False, enable_remote_autograd_cache=False
+            ):
+                return compile_fx(
+                    gm, example_inputs, inner_compile=inner_compile, config_patches=self._cache_config()
+                )
 
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -156,6 +166,16 @@ class _RedistOptBackend:
         )
         return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, **partition)(gm, example_inputs)
 
+    def _cache_config(self) -> dict:
+        """Inductor config patch for this backend's compiles: :class:`CompiledByRedistOpt`
+        after the post-grad custom passes the user set (which keep running)."""
+        from torch._inductor import config
+        from torch._inductor.custom_graph_pass import get_custom_graph_passes
+
+        user = get_custom_graph_passes(config.post_grad_custom_post_pass)
+        mark = CompiledByRedistOpt(self.options, self.graph_pass)
+        return {"post_grad_custom_post_pass": [*user, mark] if user else mark}
+
     def _optimize(self, gm: fx.GraphModule) -> None:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
         if not self.graph_pass:
@@ -178,46 +198,43 @@ def _compiled_for_any_rank() -> bool:
 
 
 class CompiledByRedistOpt(graph_pass.CustomGraphPass):
-    """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles: it marks
-    the compile as not cacheable (``uuid()`` is None, which makes Inductor's FX graph
-    cache and AOTAutograd's cache bypass it: no lookup, no store).
+    """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles with
+    Inductor: it changes nothing (the rewrite happened before Inductor's passes) and
+    gives the compile a cache key of its own.
 
-    Both caches key on the graph Dynamo captured, its inputs and Inductor's config
-    (custom passes by their ``uuid()``); what this backend does to the graphs
-    happens where no key sees it: DTensor's redistributions are planned by
-    redist_opt while AOTAutograd traces, and the compiled-graph pass runs before
-    Inductor's own. A uuid from redist_opt's source and options would separate
-    its entries from torch's, but a cached entry would still be wrong to serve:
+    Inductor's FX graph cache keys a compile on the graph it is given, its inputs and
+    Inductor's config, custom passes by their ``uuid()``. That graph is the one this
+    backend traced with its plans and rewrote with the compiled-graph pass, on this
+    rank, in this process: every decision (plans, the pass, created groups' names,
+    the compile-time agreement with the other ranks, this rank's constants) is in it,
+    so an entry is served only for the same rewritten graph. The uuid adds the
+    package's source, the options and whether the pass runs
+    (:func:`~redist_opt.graph.cache_key.rewritten_graph_key`), which also keeps
+    torch's compile of the same graph and ours on entries of their own.
 
-    * the compiled-graph pass agrees with the other ranks at compile time on the
-      mesh dims of some slices (:mod:`redist_opt.graph.agreement`); a rank that
-      loads a cached graph never answers, and the ranks that compile wait, give
-      up and keep a chain that the loading rank runs rewritten;
-    * ``groups="create"`` creates process groups while tracing; a graph loaded
-      from the disk cache names groups the loading process never created;
-    * plans depend on facts outside the graph: which flattened groups exist,
-      and the process group's backend, which picks the cost profile.
+    AOTAutograd's cache is off for these compiles (``_compile``): it keys on the graph
+    Dynamo captured, before the trace, and a hit would skip what decides the graphs:
 
-    So the graphs are compiled afresh each time (as torch's ``aot_eager`` does).
-    The pass itself changes nothing: the rewrite happened before Inductor's passes.
+    * the compile-time agreement (:mod:`redist_opt.graph.agreement`): a rank that
+      loads a cached graph never answers; the ranks that compile wait, give up and
+      keep a chain that the loading rank runs rewritten (ranks of one job may find
+      different cache states);
+    * ``groups="create"``: groups created while tracing would not exist in a process
+      that loads the graph;
+    * facts outside that key: which flattened groups exist, the cost profile.
+
+    So a warm start still traces and runs the graph pass (with its rounds), and loads
+    what Inductor compiled (code generation, C++/Triton compiles, autotuning).
     """
+
+    def __init__(self, options: PlanOptions, graph_pass_on: bool) -> None:
+        self.options, self.graph_pass_on = options, graph_pass_on
 
     def __call__(self, graph) -> None:
         return None
 
     def uuid(self):
-        return None
-
-
-def _uncached_config() -> dict:
-    """Inductor config patch for this backend's compiles: :class:`CompiledByRedistOpt`
-    after the post-grad custom passes the user set (which keep running)."""
-    from torch._inductor import config
-    from torch._inductor.custom_graph_pass import get_custom_graph_passes
-
-    user = get_custom_graph_passes(config.post_grad_custom_post_pass)
-    mark = CompiledByRedistOpt()
-    return {"post_grad_custom_post_pass": [*user, mark] if user else mark}
+        return rewritten_graph_key(self.options, "redist_opt.backend", "inductor", self.graph_pass_on)
 
 
 def check_inner(inner, *, allow_none: bool = False) -> None:
@@ -251,17 +268,16 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, options: PlanOptions | None = None, agreement=None, **fields
+    gm: fx.GraphModule, *, meshes=None, options: PlanOptions, agreement=None
 ) -> graph_pass.GraphPassResult | None:
-    """The compiled-graph pass on ``gm`` with these plan options (a pass list does not
-    apply), in place; its result, or None if it failed.
+    """The compiled-graph pass on ``gm`` under ``options``, in place; its result, or
+    None if it failed.
     If it fails, ``gm`` gets back the graph as traced and a warning is given once per
     distinct failure: a compile that works never fails because of the pass."""
-    options = PlanOptions.of(options, **fields)
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        return graph_pass.optimize_graph(gm, meshes=meshes, agreement=agreement, **options.keywords("passes"))
+        return graph_pass.optimize_graph(gm, meshes=meshes, options=options, agreement=agreement)
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
         gm.recompile()

@@ -20,43 +20,43 @@ from collections.abc import Callable
 
 import torch.fx as fx
 
-from redist_opt.api import check_groups
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
+from redist_opt.graph.graph_pass import check_allow_list
+from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.ir.options import PlanOptions
 
 __all__ = ["compiler_fn", "GraphPassCompiler"]
 
 
-def compiler_fn(meshes=None, groups: str = "existing", inner=None, **options) -> GraphPassCompiler:
+def compiler_fn(
+    meshes=None, *, inner=None, options: PlanOptions | None = None, **fields
+) -> GraphPassCompiler:
     """A graph compiler ``(gm, example_inputs, **kwargs) -> callable`` that runs the
     compiled-graph pass on ``gm``, then ``inner``.
 
     ``meshes``: the program's DeviceMeshes (or one), whose root meshes the
     graph's group names are resolved against (None: every live mesh this rank
     belongs to; see :func:`~redist_opt.graph.graph_pass.optimize_graph`).
-    ``groups``: "existing" or "create" (flattened groups created at compile
-    time, in graph order: every rank must compile the same graphs).
+    ``options=PlanOptions(...)`` or its fields as keywords, as for
+    :func:`redist_opt.optimize` and honoured as
+    :func:`~redist_opt.graph.graph_pass.optimize_graph` honours them (groups other
+    than "existing" are created at compile time, in graph order: every rank must
+    compile the same graphs).
     ``inner``: None (run the graph as it is: ``gm.forward``), "aot_eager",
     "inductor", or a callable with the same contract; keyword arguments the
     caller passes (autoparallel's ``tag_forward=True``) go to a callable inner.
-    ``options``: ``cost`` and ``prefer``, as for :func:`redist_opt.optimize`.
 
     Usage: ``aot_autograd(fw_compiler=compiler_fn(meshes=mesh), bw_compiler=...)``,
     or autoparallel's ``autop.compiler_fn = compiler_fn(meshes=mesh, inner=autop.compiler_fn)``
     (an attribute of ``AutoParallel``, set before ``apply_placement``; keep
     autoparallel's own compiler as ``inner``: it tags the forward's saved values).
     """
-    if not isinstance(groups, str):
-        raise ValueError(
-            f"compiler_fn(groups={groups!r}): the compiled-graph pass takes 'existing' or 'create', "
-            "not an allow-list"
-        )
-    check_groups(groups)
+    options = PlanOptions.of(options, **fields)
     check_inner(inner, allow_none=True)
-    unknown = set(options) - {"cost", "prefer"}
-    if unknown:
-        raise TypeError(f"compiler_fn(): unknown options {sorted(unknown)} (expected cost, prefer)")
-    return GraphPassCompiler(meshes, groups, inner, options)
+    if meshes is not None:  # an allow-list is refused here, not at the first graph
+        check_allow_list(options, [c.spec for c in mesh_contexts(meshes)])
+    return GraphPassCompiler(meshes, inner, options)
 
 
 class GraphPassCompiler:
@@ -65,8 +65,8 @@ class GraphPassCompiler:
     of each, in order (None for a graph whose pass failed and was compiled as traced):
     what was rewritten, and why the rest was kept."""
 
-    def __init__(self, meshes, groups: str, inner, options: dict) -> None:
-        self.meshes, self.groups, self.inner, self.options = meshes, groups, inner, dict(options)
+    def __init__(self, meshes, inner, options: PlanOptions) -> None:
+        self.meshes, self.inner, self.options = meshes, inner, options
         self.graphs = 0
         self.results: list = []
         self.agreement = SliceAgreement()  # one round per graph, counted per compiler
@@ -77,12 +77,10 @@ class GraphPassCompiler:
             if self.inner is None or isinstance(self.inner, str)
             else getattr(self.inner, "__name__", type(self.inner).__name__)
         )
-        return f"redist_opt.graph_pass.compiler_fn(groups={self.groups!r}, inner={inner!r})"
+        return f"redist_opt.graph_pass.compiler_fn(groups={self.options.groups!r}, inner={inner!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs, **kwargs) -> Callable:
-        result = run_graph_pass(
-            gm, meshes=self.meshes, groups=self.groups, agreement=self.agreement, **self.options
-        )
+        result = run_graph_pass(gm, meshes=self.meshes, options=self.options, agreement=self.agreement)
         self.results.append(result)
         self.graphs += 1
         if self.inner is None:

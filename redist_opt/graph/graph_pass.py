@@ -2,18 +2,18 @@
 
 Entry points:
 
-* :func:`optimize_graph` ``(gm, *, meshes=None, groups="existing", cost=None,
-  prefer="time") -> GraphPassResult``: rewrites a forward/backward
-  ``GraphModule`` in place (what ``redist_opt.backend`` calls before its inner
-  compiler);
+* :func:`optimize_graph` ``(gm, *, meshes=None, options=None, **fields) ->
+  GraphPassResult``: rewrites a forward/backward ``GraphModule`` in place under one
+  :class:`~redist_opt.PlanOptions` (what ``redist_opt.backend`` calls before its
+  inner compiler);
   Then all-reduce reassociation (:mod:`redist_opt.graph.reassociate`):
   ``add(all_reduce(a, G), all_reduce(b, G))`` -> ``all_reduce(add(a, b), G)``;
   counted in ``GraphPassResult.reassociated``; then collective combining
   (:mod:`redist_opt.graph.combine`): small collectives of one kind over one group
   become one collective of their concatenation; in ``GraphPassResult.combined``;
 * :class:`RedistGraphPass`: the same as an Inductor ``CustomGraphPass`` for
-  ``torch._inductor.config.post_grad_custom_post_pass``, with a stable ``uuid``
-  (hash of this pass's source files and options) so FX graph caching stays correct.
+  ``torch._inductor.config.post_grad_custom_post_pass``, whose ``uuid`` covers every
+  decision (:mod:`redist_opt.graph.cache_key`) so FX graph caching stays correct.
 
 Rewrite, per chain (see :mod:`redist_opt.graph.raise_chains` for what a chain is)::
 
@@ -62,18 +62,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
-from redist_opt.graph import (
-    agreement,
-    chain_placements,
-    combine,
-    lower_chains,
-    lower_ops,
-    mesh_groups,
-    raise_chains,
-    reassociate,
-)
-from redist_opt.graph import chain as chain_model
 from redist_opt.graph.agreement import SliceAgreement
+from redist_opt.graph.cache_key import graph_pass_key
 from redist_opt.graph.chain import COLLECTIVES, Chain, NotRaised, after, truncate
 from redist_opt.graph.chain_placements import assign_placements
 from redist_opt.graph.combine import Combination, collective_time_on, combine_collectives
@@ -81,7 +71,8 @@ from redist_opt.graph.lower_chains import Unlowerable, lower_into_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.graph.raise_chains import find_chains
 from redist_opt.graph.reassociate import Reassociation, reassociate_all_reduces
-from redist_opt.ir.cost import CostModel, steps_and_bytes
+from redist_opt.ir.cost import steps_and_bytes
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
@@ -91,6 +82,7 @@ __all__ = [
     "GraphPassResult",
     "ChainResult",
     "RedistGraphPass",
+    "GraphRewrites",
     "SliceAgreement",
     "count_collectives",
 ]
@@ -195,23 +187,29 @@ def _plan_collectives(plan):
     return [(c.kind, c.group.name(plan.mesh), c.bytes_in, c.group.size) for c in plan.collectives()]
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphRewrites:
+    """Which rewrites of the graph pass run after the chains' (graph-only: no plan has them)."""
+
+    # fold adds of all_reduced values into one all_reduce of the sum (graph/reassociate.py)
+    reassociate: bool = True
+    # combine small collectives of one kind over one group (graph/combine.py)
+    combine: bool = True
+
+
 def optimize_graph(
     gm: fx.GraphModule | fx.Graph,
     *,
     meshes=None,
-    groups: str = "existing",
-    cost: CostModel | None = None,
-    prefer: str = "time",
-    all_gather=None,
-    max_collectives: str = "torch",
-    reassociate: bool = True,
-    combine: bool = True,
+    options: PlanOptions | None = None,
+    rewrites: GraphRewrites = GraphRewrites(),
     agreement: SliceAgreement | None = None,
+    all_gather=None,
+    **fields,
 ) -> GraphPassResult:
     """Raise, optimize and lower back every collective chain of ``gm``, in place; then
-    (``reassociate=True``) fold adds of all_reduced values into one all_reduce of the
-    sum (:mod:`redist_opt.graph.reassociate`); (``combine=True``) combine small
-    collectives of one kind over one group (:mod:`redist_opt.graph.combine`).
+    the :class:`GraphRewrites` ``rewrites`` names (by default both): all-reduce
+    reassociation and collective combining.
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
     against; None finds every live root mesh this rank belongs to, and a group name
@@ -219,9 +217,12 @@ def optimize_graph(
     flattened groups): exact either way, but pass the program's meshes to be sure
     the root with its flattened groups is used (``redist_opt.backend`` passes the
     meshes it traced on).
-    ``groups``: "existing" (only process groups that exist) or "create"
-    (flattened groups created at compile time, in graph order).
-    ``cost`` / ``prefer`` / ``max_collectives``: as for :func:`redist_opt.optimize`.
+    ``options=PlanOptions(...)`` or its fields as keywords, as for
+    :func:`redist_opt.optimize`, every one honoured: ``groups`` "existing" (only
+    process groups that exist), "create" or an allow-list (flattened groups created at
+    compile time, in graph order; an allow-list names dims of the given meshes);
+    ``passes`` re-plans each chain with that pass list; ``cost``, ``prefer`` and
+    ``max_collectives`` price and cap the plans (the cost model also prices combining).
     ``agreement``: how ranks agree on the mesh dims of constant-index slices, one
     round per graph (:class:`~redist_opt.graph.agreement.SliceAgreement`: through the
     default group's store, among the ranks compiling the same program, bounded in
@@ -230,31 +231,48 @@ def optimize_graph(
     ``all_gather``: ``all_gather(facts) -> every rank's facts, or a reason string``,
     called once per graph instead of the store (with ``agreement=None``).
     """
+    options = PlanOptions.of(options, **fields)
+    if not isinstance(rewrites, GraphRewrites):
+        raise RedistributeError(f"rewrites={rewrites!r}: expected a redist_opt.graph_pass.GraphRewrites")
     if agreement is None:
         agreement = SliceAgreement(all_gather)
     # Compiler callbacks run under the tracing fake mode; mesh rank maps are real tensors.
     with unset_fake_temporarily():
-        return _optimize_graph(
-            gm, meshes, groups, cost, (prefer, max_collectives), agreement, reassociate, combine
-        )
+        contexts = mesh_contexts(meshes)
+        check_allow_list(options, [c.spec for c in contexts])
+        return _optimize_graph(gm, contexts, options, agreement, rewrites)
+
+
+def check_allow_list(options: PlanOptions, specs) -> None:
+    """Refuse ``groups=[...]`` naming dims that none of ``specs`` (the meshes) has."""
+    if isinstance(options.groups, str) or not specs:
+        return
+    for name in options.groups:
+        errors = []
+        for spec in specs:
+            try:
+                spec.dims_of(name)
+                break
+            except RedistributeError as e:
+                errors.append(str(e))
+        else:
+            raise RedistributeError(f"groups={list(options.groups)!r}: {errors[0]}")
 
 
 def _optimize_graph(
-    gm, meshes, groups, cost, choice, agreement, reassociate=True, combine=True
+    gm, contexts, options: PlanOptions, agreement, rewrites: GraphRewrites
 ) -> GraphPassResult:
-    """``choice``: (prefer, max_collectives), as ``_optimize_chain`` takes it."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump_dir = dump_dir_from_env()
     tag = _dump_tag(graph) if dump_dir is not None else None
     if dump_dir is not None:
         _write(dump_dir, f"{tag}.before.txt", _graph_text(gm))
-    contexts = mesh_contexts(meshes)
     chains, not_raised = find_chains(graph, contexts) if contexts else ([], [])
     if not contexts and count_collectives(graph):
         not_raised.append(NotRaised(("*",), "no DeviceMesh this rank belongs to was found"))
     failed, notes, aborted_ranks = _agree(graph, chains, agreement)
     if contexts and count_collectives(graph):  # chains and combining are priced: the same profile everywhere
-        agreement.check_profile(contexts, cost, aborted_ranks)
+        agreement.check_profile(contexts, options.cost, aborted_ranks)
     results: list[ChainResult] = []
     modified = False
     erased: set[fx.Node] = set()
@@ -269,8 +287,8 @@ def _optimize_graph(
     for ci, chain in enumerate(chains):
         if erased.intersection(chain.nodes) or not settle(ci):
             continue
-        rival = _rival_key(chain, chains, settle, groups, cost, choice) if chain.kept else None
-        res, new_value, plans = _optimize_chain(graph, chain, groups, cost, choice, rival)
+        rival = _rival_key(chain, chains, settle, options) if chain.kept else None
+        res, new_value, plans = _optimize_chain(graph, chain, options, rival)
         if chain.stop_reason and not res.rewritten:
             res.reason += f"; the chain stops before {chain.stop_reason}"
         if ci in notes:
@@ -285,8 +303,12 @@ def _optimize_graph(
                     graph.erase_node(n)
                     erased.add(n)
             modified = True
-    reassociated = reassociate_all_reduces(graph) if reassociate else []
-    combined = combine_collectives(graph, collective_time_on(contexts, cost)) if combine and contexts else []
+    reassociated = reassociate_all_reduces(graph) if rewrites.reassociate else []
+    combined = (
+        combine_collectives(graph, collective_time_on(contexts, options.cost))
+        if rewrites.combine and contexts
+        else []
+    )
     modified = modified or bool(reassociated) or bool(combined)
     if modified:
         graph.lint()
@@ -347,21 +369,13 @@ def _settle(chain: Chain, failure, not_raised: list) -> bool:
     return True
 
 
-def _plan_chain(chain: Chain, groups, cost, choice):
+def _plan_chain(chain: Chain, options: PlanOptions):
     """(naive, optimized) plans of a settled chain, or why it is not planned."""
-    prefer, max_collectives = choice
     try:
         naive = make_plan(chain.ctx.spec, chain.src, chain.dst, chain.shape, chain.dtype)
         if naive.fallback:
             return f"not planned: {naive.fallback_reason}"
-        return naive, run_pipeline(
-            naive,
-            groups=groups,
-            cost=cost,
-            prefer=prefer,
-            max_collectives=max_collectives,
-            on_change=pass_dump_writer(None, naive),
-        )
+        return naive, run_pipeline(naive, options, on_change=pass_dump_writer(None, naive))
     except RedistributeError as e:
         return f"not planned: {e}"
 
@@ -370,7 +384,7 @@ def _key(cs) -> tuple[int, float]:
     return (len(cs), _moved(cs))
 
 
-def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
+def _rival_key(chain: Chain, chains, settle, options: PlanOptions):
     """The cost (kept collectives included) of the other way to rewrite what ``chain``
     (through a shared value) rewrites: the chain after the shared value alone, planned
     from that value. ``chain`` is used only when it beats it."""
@@ -380,7 +394,7 @@ def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
             continue
         if {op.nodes[-1] for op in other.collectives} != suffix:
             continue
-        planned = _plan_chain(other, groups, cost, choice)
+        planned = _plan_chain(other, options)
         if isinstance(planned, str):
             return None
         kept = _original_collectives(chain)[: len(chain.kept_collectives)]
@@ -388,7 +402,7 @@ def _rival_key(chain: Chain, chains, settle, groups, cost, choice):
     return None
 
 
-def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
+def _optimize_chain(graph, chain: Chain, options: PlanOptions, rival=None):
     spec = chain.ctx.spec
     src = ",".join(placement_str(p) for p in chain.src)
     dst = ",".join(placement_str(p) for p in chain.dst)
@@ -411,7 +425,7 @@ def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
             strip(kept),
         )
 
-    planned = _plan_chain(chain, groups, cost, choice)
+    planned = _plan_chain(chain, options)
     if isinstance(planned, str):
         return result([], False, planned), None, ()
     naive, plan = planned
@@ -444,7 +458,7 @@ def _optimize_chain(graph, chain: Chain, groups, cost, choice, rival=None):
             (naive, plan),
         )
     try:
-        new_value = lower_into_graph(graph, chain, plan, groups)
+        new_value = lower_into_graph(graph, chain, plan, options.groups)
     except Unlowerable as e:
         return result(after, False, f"not lowered: {e}"), None, (naive, plan)
     reason = (
@@ -461,90 +475,50 @@ def _kept_note(kept) -> str:
 # -- Inductor hook --------------------------------------------------------------------------
 
 try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 except ImportError:  # pragma: no cover
     CustomGraphPass = object  # type: ignore[misc,assignment]
-
-
-# The modules whose code decides what the pass does to a graph (RedistGraphPass.uuid).
-SOURCE_FILES = (
-    __file__,
-    *(
-        m.__file__
-        for m in (
-            raise_chains,
-            chain_model,
-            mesh_groups,
-            chain_placements,
-            agreement,
-            lower_chains,
-            lower_ops,
-            reassociate,
-            combine,
-        )
-    ),
-)
 
 
 class RedistGraphPass(CustomGraphPass):
     """``torch._inductor.config.post_grad_custom_post_pass = RedistGraphPass(...)``.
 
-    ``uuid()`` hashes this pass's source files and its options: FX graph caching
-    reuses a compiled graph only when the pass that produced it is the same.
-    The :class:`GraphPassResult` of each graph is appended to ``self.results``.
+    ``meshes`` and ``options=PlanOptions(...)`` (or its fields as keywords) as for
+    :func:`optimize_graph`. ``uuid()`` covers every decision
+    (:func:`~redist_opt.graph.cache_key.graph_pass_key`: the package's source, the
+    options, the resolved cost profile, the meshes and this rank's place in them), so
+    FX graph caching reuses a compiled graph only when this pass would rewrite it the
+    same way. The :class:`GraphPassResult` of each graph is appended to ``self.results``.
 
     Two things are deliberately off in this hook, because with FX graph caching
     one rank may load a cached graph (and not run the pass) while another
-    compiles: creating groups (``groups="create"`` is refused: a cached graph
-    would name a group the loading process never created), and agreeing across
+    compiles: creating groups (any ``groups`` but "existing" is refused: a cached
+    graph would name a group the loading process never created), and agreeing across
     ranks on the mesh dims of constant-index slices (a rank that does not run the
     pass would never answer). Slices whose mesh dims are unambiguous are still
-    rewritten. ``redist_opt.backend`` runs the pass outside Inductor's cache and
+    rewritten. ``redist_opt.backend`` runs the pass before Inductor's cache lookup and
     has neither restriction.
     """
 
-    def __init__(
-        self,
-        *,
-        meshes=None,
-        groups: str = "existing",
-        cost: CostModel | None = None,
-        prefer: str = "time",
-        max_collectives: str = "torch",
-    ) -> None:
-        if groups != "existing":
-            raise ValueError(
-                "RedistGraphPass takes groups='existing' only: flatten the mesh dims you want "
-                "merged before compiling, or use redist_opt.backend(groups='create')"
+    def __init__(self, *, meshes=None, options: PlanOptions | None = None, **fields) -> None:
+        options = PlanOptions.of(options, **fields)
+        if options.groups != "existing":
+            raise RedistributeError(
+                f"groups={options.groups!r}: RedistGraphPass takes groups='existing' only: flatten "
+                "the mesh dims you want merged before compiling, or use redist_opt.backend(groups='create')"
             )
-        self.meshes, self.groups, self.cost, self.prefer = meshes, groups, cost, prefer
-        self.max_collectives = max_collectives
+        self.meshes, self.options = meshes, options
         self.results: list[GraphPassResult] = []
 
     def __call__(self, graph: fx.Graph) -> None:
         self.results.append(
             optimize_graph(
-                graph,
-                meshes=self.meshes,
-                groups=self.groups,
-                cost=self.cost,
-                prefer=self.prefer,
-                agreement=SliceAgreement(_no_agreement),
-                max_collectives=self.max_collectives,
+                graph, meshes=self.meshes, options=self.options, agreement=SliceAgreement(_no_agreement)
             )
         )
 
     def uuid(self):
-        cost = self.cost.to_dict() if self.cost is not None else "default"
-        extra = repr(
-            (
-                self.groups,
-                self.prefer,
-                self.max_collectives,
-                sorted(cost.items()) if isinstance(cost, dict) else cost,
-            )
-        )
-        return get_hash_for_files(SOURCE_FILES, extra)
+        return graph_pass_key(self.options, self.meshes, "RedistGraphPass")
 
 
 def _no_agreement(facts):

@@ -1,7 +1,9 @@
 """``PlanOptions``: how a redistribution is planned, as one value.
 
-Every entry point that plans (``plan``/``optimize``, ``redistribute``,
-``enabled``, ``backend``, ``redistribute_cost``) takes these options as keyword
+Every entry point that plans (``optimize``, ``redistribute``, ``enabled``,
+``backend``, ``redistribute_cost``, and the compiled-graph pass's
+``optimize_graph``, ``compiler_fn`` and ``RedistGraphPass``; not ``plan``, which
+builds the naive plan DTensor would run and decides nothing) takes these options as keyword
 arguments or as ``options=PlanOptions(...)``, builds one ``PlanOptions`` there
 (which checks every field) and passes that value down: the pipeline reads its
 fields, and the plan caches use it as (part of) their key. It is frozen and
@@ -88,11 +90,6 @@ class PlanOptions:
         if len(_interned) > _INTERNED_LIMIT:
             _interned.clear()
         return _interned.setdefault(value, value)
-
-    def keywords(self, *leave_out: str) -> dict:
-        """The fields (but ``leave_out``) as keyword arguments, for a callee that takes
-        them one by one (the compiled-graph pass)."""
-        return {f: getattr(self, f) for f in _FIELD_ORDER if f not in leave_out}
 
 
 _FIELDS = frozenset(_FIELD_ORDER)

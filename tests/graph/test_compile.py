@@ -239,6 +239,12 @@ def test_backend_runs_the_graph_pass_across_redistributions():
     assert routed_only.counts() == [3]
     assert with_pass.counts() == [2]
     assert [op for op, _ in collectives(with_pass.graphs[0])] == ["reduce_scatter_tensor", "all_reduce"]
+    # passes= reaches the graph pass too: with no passes it re-plans nothing, as the trace
+    naive_only, _ = _compile_and_run(
+        f, (torch.ones(8, 4),), "ours", backward=False, passes=[], graph_pass=False
+    )
+    naive_pass, _ = _compile_and_run(f, (torch.ones(8, 4),), "ours", backward=False, passes=[])
+    assert naive_pass.counts() == naive_only.counts() != [2]
 
 
 def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch):

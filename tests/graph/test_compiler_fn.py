@@ -173,15 +173,16 @@ def test_failed_pass_restores_graph_and_warns_once(mesh24, monkeypatch):
         assert rewritten.code == traced.code
 
 
-def test_bad_arguments():
+def test_bad_arguments(mesh24):
     with pytest.raises(ValueError, match="inner='jit'"):
         compiler_fn(inner="jit")
     with pytest.raises(TypeError, match="inner must be"):
         compiler_fn(inner=3)
-    with pytest.raises(ValueError, match="not an allow-list"):
-        compiler_fn(groups=["dp+tp"])
-    with pytest.raises(redist_opt.RedistributeError):
+    with pytest.raises(redist_opt.RedistributeError, match="groups='sometimes'"):
         compiler_fn(groups="sometimes")
-    with pytest.raises(TypeError, match="unknown options"):
-        compiler_fn(passes=[])
+    with pytest.raises(redist_opt.RedistributeError, match="unknown options.*'inner_compiler'"):
+        compiler_fn(inner_compiler="inductor")
+    with pytest.raises(redist_opt.RedistributeError, match=r"groups=\['dp\+ep'\]"):
+        compiler_fn(meshes=mesh24, groups=["dp+ep"])  # no such dims: refused here, not per graph
+    assert compiler_fn(passes=[]).options.passes == ()
     assert "inner=None" in repr(compiler_fn())

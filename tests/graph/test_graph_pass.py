@@ -23,6 +23,7 @@ from support.program_report import read as read_report
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import redist_opt
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
 
@@ -231,9 +232,13 @@ def test_dumps(mesh3, tmp_path, monkeypatch):
 def test_custom_graph_pass_uuid_and_call(mesh3):
     a, b = RedistGraphPass(), RedistGraphPass()
     assert a.uuid() == b.uuid()  # stable: FX graph cache keys stay valid
-    with pytest.raises(ValueError, match="groups='existing' only"):
-        RedistGraphPass(groups="create")
+    for groups in ("create", ["y+z"]):
+        with pytest.raises(redist_opt.RedistributeError, match=r"groups=.*groups='existing' only"):
+            RedistGraphPass(groups=groups)
     assert RedistGraphPass(prefer="consistency").uuid() != a.uuid()
+    assert RedistGraphPass(options=redist_opt.PlanOptions(prefer="consistency")).uuid() != a.uuid()
+    assert RedistGraphPass(passes=[]).uuid() != a.uuid()
+    assert RedistGraphPass(cost="gloo").uuid() != a.uuid()
     g0, g1 = mesh3.get_group(0), mesh3.get_group(1)
 
     def f(x):

@@ -30,7 +30,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from redist_opt.graph.graph_pass import count_collectives, optimize_graph  # noqa: E402
+from redist_opt.graph.graph_pass import GraphRewrites, count_collectives, optimize_graph  # noqa: E402
 from support.program_report import emit  # noqa: E402
 
 # -- programs -------------------------------------------------------------------------------
@@ -322,7 +322,9 @@ def fake_main(rank: int) -> dict:
             x = local_input(name, shape, rank, requires_grad=name in GRAD)
             compile_program(make(meshes[m]), x, rec)
             report[f"{tag}/{name}"] = rec.graphs
-    rec = Recorder(meshes=meshes["m3"], combine=False)  # the twin of noflat/gathered_params
+    rec = Recorder(
+        meshes=meshes["m3"], rewrites=GraphRewrites(combine=False)
+    )  # the twin of noflat/gathered_params
     compile_program(gathered_params(meshes["m3"]), local_input("gathered_params", (8, 4), rank), rec)
     report["nocombine/gathered_params"] = rec.graphs
     return report
@@ -517,7 +519,7 @@ def fake_inductor(rank: int) -> dict:
         "modified": [r.modified for r in pass_.results],
         "code_all_reduce": code.count("_c10d_functional.all_reduce"),
         "code_reduce_scatter": code.count("_c10d_functional.reduce_scatter_tensor"),
-        "uuid": pass_.uuid().hex(),
+        "uuid": pass_.uuid(),
     }
 
 

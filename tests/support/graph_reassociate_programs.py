@@ -28,6 +28,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
+from redist_opt.graph.graph_pass import GraphRewrites  # noqa: E402
 from support.graph_pass_programs import Recorder, compile_program  # noqa: E402
 from support.program_report import emit  # noqa: E402
 
@@ -71,7 +72,7 @@ def run(rank: int, world: int, reassociate: bool, check: bool) -> dict:
             y.sum().backward()
             x_grad = x.grad.clone()
         else:
-            rec = Recorder(meshes=tp, reassociate=reassociate)
+            rec = Recorder(meshes=tp, rewrites=GraphRewrites(reassociate=reassociate))
             y, x_grad = compile_program(model, x, rec)
         grads = [p.grad.to_local().clone() for p in model.parameters()]
         out[mode] = {"y": y.detach(), "x_grad": x_grad, "grads": grads, "rec": rec}

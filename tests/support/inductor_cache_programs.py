@@ -35,6 +35,7 @@ class CollectiveCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.kinds: list[str] = []
 
     @classmethod
     def is_infra_mode(cls) -> bool:
@@ -43,8 +44,10 @@ class CollectiveCounter(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "_c10d_functional" and func._schema.name.split("::")[-1] in _COLLECTIVES:
+        kind = func._schema.name.split("::")[-1]
+        if func.namespace == "_c10d_functional" and kind in _COLLECTIVES:
             self.count += 1
+            self.kinds.append(kind)
         return func(*args, **(kwargs or {}))
 
 
@@ -134,3 +137,97 @@ def _cache_counts(counters) -> dict:
         for k, v in counters[group].items()
         if "cache" in k
     }
+
+
+def compile_reduce_then_slice(rank: int, world: int, cache_dir: str) -> dict:
+    """Compile with ``redist_opt.backend()`` a function that all_reduces over the mesh's
+    group and keeps this rank's block (the graph pass makes it one reduce_scatter,
+    after a slice-agreement round with the other ranks) and run it: the collectives
+    it issued, its output and the FX graph cache's counters. Its graph's inputs are
+    tensors only (a DTensor program's graphs also take its DeviceMesh: see
+    docs/inductor.md on why those miss in a fresh process)."""
+    import torch.distributed._functional_collectives as funcol
+    from torch._dynamo.utils import counters
+
+    import redist_opt
+
+    mesh = _setup(cache_dir)
+    group = mesh.get_group()
+
+    def f(x):
+        return funcol.all_reduce(x * 2, "sum", group).chunk(world)[rank] + 1
+
+    x = torch.arange(world * 6.0).reshape(world * 2, 3) + rank
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CollectiveCounter()
+    with counter:
+        out = torch.compile(f, backend=redist_opt.backend())(x)
+    return {
+        "kinds": counter.kinds,
+        "out": out.tolist(),
+        "cache": {k: v for k, v in _cache_counts(counters).items() if v},
+    }
+
+
+# Where one compile of the block by ``redist_opt.backend()`` spends its time, by the
+# cumulative time cProfile gives each of these functions on one rank (they nest: the
+# graph pass holds the agreement rounds, combining, ...; the backend's call holds the
+# trace and the pass; Inductor's per-graph compile is apart for a lazily compiled backward).
+PROFILED = {
+    "first step (compile + run)": ("inductor_cache_programs.py", "step_collectives"),
+    "backend call: AOT trace, graph pass, Inductor": ("graph/backend.py", "__call__"),
+    "routed redistributions while tracing (all)": ("api/routing.py", "routed_redistribute_local_tensor"),
+    "  planning them": ("api/planning.py", "plans_for"),
+    "graph pass (all)": ("graph/backend.py", "run_graph_pass"),
+    "  agreement: slice round": ("graph/agreement.py", "agree"),
+    "  agreement: cost-profile check": ("graph/agreement.py", "check_profile"),
+    "  finding chains": ("graph/raise_chains.py", "find_chains"),
+    "  re-planning + lowering chains": ("graph/graph_pass.py", "_optimize_chain"),
+    "  reassociation": ("graph/reassociate.py", "reassociate_all_reduces"),
+    "  combining": ("graph/combine.py", "combine_collectives"),
+    "cache key (backend uuid)": ("graph/cache_key.py", "rewritten_graph_key"),
+    "Inductor per-graph compile": ("_inductor/compile_fx.py", "compile_fx_inner"),
+}
+
+
+def profile_compile(rank: int, world: int, cache_dir: str, d: int, hidden: int, inner: str) -> dict | None:
+    """cProfile one compile + step of the block by ``redist_opt.backend(inner)``; on rank
+    0, the cumulative seconds of each :data:`PROFILED` function."""
+    import cProfile
+    import pstats
+
+    import redist_opt
+
+    mesh = _setup(cache_dir)
+    x = torch.randn(2, d, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    torch._dynamo.reset()
+    compiled = torch.compile(build_block(mesh, d, hidden), backend=redist_opt.backend(inner))
+    profile = cProfile.Profile()
+    profile.runcall(step_collectives, compiled, x)
+    if rank != 0:
+        return None
+    stats = pstats.Stats(profile).stats
+    out = {}
+    for label, (path, name) in PROFILED.items():
+        out[label] = max(
+            (v[3] for (file, _, func), v in stats.items() if func == name and file.endswith(path)),
+            default=0.0,
+        )
+    return out
+
+
+if __name__ == "__main__":
+    # python tests/support/inductor_cache_programs.py [inductor|aot_eager]: 4 gloo ranks,
+    # an empty cache directory, the block at d=8, hidden=16; rank 0's profile.
+    import sys
+    import tempfile
+
+    from redist_opt.tools.spawn import run_ranks
+
+    with tempfile.TemporaryDirectory() as cache:
+        inner = sys.argv[1] if len(sys.argv) > 1 else "inductor"
+        (report, *_) = run_ranks(profile_compile, WORLD, (cache, 8, 16, inner), timeout=900)
+    total = report["first step (compile + run)"]
+    for label, seconds in report.items():
+        print(f"{label:50s} {seconds:8.3f} s  {100 * seconds / total:5.1f}%")

@@ -22,6 +22,7 @@ import dataclasses
 import redist_opt
 from redist_opt import ir
 from redist_opt.ir.cost import resolve as resolve_cost
+from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.parse import parse_ir
 from redist_opt.ir.text import format_ir
 from redist_opt.passes import PassContext
@@ -63,9 +64,7 @@ def run(text: str, pass_cls, *, groups="existing", cost=None, prefer="time", pip
         shape=plan.shape,
         src=plan.src,
         dtype=plan.dtype,
-        groups=groups if isinstance(groups, str) else tuple(groups),
-        cost=cost,
-        prefer=prefer,
+        options=PlanOptions(groups=groups, cost=cost, prefer=prefer),
         pipeline=tuple(pipeline) if pipeline is not None else (pass_cls,),
     )
     result = pass_cls(ctx)(plan.graph)

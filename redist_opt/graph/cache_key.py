@@ -1,0 +1,121 @@
+"""The cache keys of the compiled-graph pass: everything that decides a rewrite.
+
+Inductor's FX graph cache keys a compile on the graph it is given, its inputs and
+Inductor's config, where a custom pass counts by its ``uuid()``
+(``torch/_inductor/codecache.py``, ``FxGraphHashDetails``). When the pass runs inside
+Inductor (:class:`~redist_opt.graph.graph_pass.RedistGraphPass`, a post-grad pass),
+the graph in the key is the graph *before* the rewrite, so the uuid must cover
+whatever else decides the graph after it:
+
+* the code: every module of the package (``passes/`` included, which is a folder
+  symlinked into it), not only the graph pass's own: the pipeline that re-plans a
+  chain, the IR, the cost model and the passes decide the new collectives;
+* the options, the cost profile after ``$REDIST_OPT_COST_PROFILE`` or the group's
+  backend has been read (its whole content: a recalibrated file is another key),
+  and the pass classes of a ``passes=`` list with their source;
+* the meshes the graph's group names resolve against (sizes, names, which flattened
+  groups exist, backend), this rank's coordinate in each and the rank map: a
+  rewritten graph holds this rank's constants (its block of a slice), and the ranks
+  of one host share one cache directory.
+
+``redist_opt.backend`` rewrites before Inductor takes its key, so its key
+(:func:`rewritten_graph_key`) needs only the code and the options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import os
+from pathlib import Path
+
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.ir.cost import resolve as resolve_cost
+from redist_opt.ir.options import PlanOptions
+
+__all__ = ["graph_pass_key", "rewritten_graph_key", "source_digest", "PACKAGE_DIR"]
+
+# The package's folder (this module is redist_opt/graph/cache_key.py).
+PACKAGE_DIR = Path(__file__).parent.parent
+
+
+@functools.cache
+def source_digest(package_dir: Path = PACKAGE_DIR) -> str:
+    """sha256 of every ``.py`` file under the package, by relative path and content.
+    Symlinked folders are followed (``passes/``). Read once per process: the modules
+    that run were imported from these files."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(package_dir, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = Path(root, name)
+            h.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def graph_pass_key(options: PlanOptions, meshes=None, *extra) -> str:
+    """The key of what the graph pass does to a graph with ``options`` on ``meshes``
+    (as :func:`~redist_opt.graph.graph_pass.optimize_graph` takes them) in this
+    process and rank; ``extra``: what the caller adds (its own kind, its inner
+    compiler), as JSON-able values."""
+    with unset_fake_temporarily():  # Inductor asks while tracing; mesh rank maps are real
+        contexts = mesh_contexts(meshes)
+        meshes_key = [_context_key(c) for c in contexts]
+        profiles = (
+            [options.cost]
+            if options.cost is not None
+            else [resolve_cost(c.spec)[0] for c in contexts] or [resolve_cost(None)[0]]
+        )
+    key = {
+        "source": source_digest(),
+        "options": _options_key(options),
+        "profiles": [p.to_dict() for p in profiles],
+        "meshes": meshes_key,
+        "extra": list(extra),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def rewritten_graph_key(options: PlanOptions, *extra) -> str:
+    """The key of a compile whose graph was rewritten before the cache saw it
+    (``redist_opt.backend``): the graph in Inductor's key holds every decision, so
+    this names the code and options alone (no profile, meshes or rank: the same
+    rewritten graph compiles the same way on any rank)."""
+    key = {"source": source_digest(), "options": _options_key(options), "extra": list(extra)}
+    if options.cost is not None:
+        key["cost"] = options.cost.to_dict()
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _options_key(options: PlanOptions) -> dict:
+    # the cost model is keyed as resolved (profiles); pass classes by name and source
+    return {
+        "groups": options.groups,
+        "prefer": options.prefer,
+        "max_collectives": options.max_collectives,
+        "passes": None if options.passes is None else [_class_key(c) for c in options.passes],
+    }
+
+
+def _class_key(cls) -> list:
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # defined where no source can be read: its name only
+        source = ""
+    return [getattr(cls, "__module__", ""), getattr(cls, "__qualname__", repr(cls)), source]
+
+
+def _context_key(ctx) -> dict:
+    spec = ctx.spec
+    fields = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        # sets print in hash order, which differs between processes
+        fields[f.name] = sorted(map(repr, value)) if isinstance(value, (set, frozenset)) else repr(value)
+    return {"spec": fields, "coord": list(ctx.coord), "ranks": ctx.rank_map, "scope": list(ctx.scope_dims)}
