@@ -101,7 +101,7 @@ def test_a_rank_that_cannot_read_its_profile_is_named():
         consensus._raise_if_different(facts)
 
 
-def test_simulated_ranks_need_no_agreement():
+def test_the_fake_backend_needs_no_agreement():
     # the test suite's fake backend runs every rank in one process
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -109,3 +109,18 @@ def test_simulated_ranks_need_no_agreement():
         pytest.skip("no process group in this pytest process")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     assert not consensus.needs_agreement(mesh)
+
+
+def test_simulated_ranks_need_no_agreement(monkeypatch):
+    """Under LocalTensorMode one process simulates every rank, so no round is asked even
+    where the group's backend is one whose ranks are processes (here gloo, as reported)."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        pytest.skip("no process group in this pytest process")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    monkeypatch.setattr(consensus.dist, "get_backend", lambda *args: "gloo")
+    assert consensus.needs_agreement(mesh)  # outside the mode: separate processes, which must agree
+    with LocalTensorMode(dist.get_world_size()):
+        assert not consensus.needs_agreement(mesh)
