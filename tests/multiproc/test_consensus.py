@@ -3,25 +3,23 @@ in-memory store (the protocol only reads and writes store keys)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import pytest
 import torch.distributed as dist
 
-from redist_opt.runtime import consensus
+from redist_opt.runtime import consensus, store_round
 
 
 class _PerRank:
     """Each thread (rank) its own count of rounds, as each process has its own."""
 
     def __init__(self, local):
-        self.local, self.counts = local, consensus.collections.Counter()
+        self.local, self.by_rank = local, collections.defaultdict(store_round.Rounds)
 
-    def __getitem__(self, key):
-        return self.counts[(self.local.rank, key)]
-
-    def __setitem__(self, key, value):
-        self.counts[(self.local.rank, key)] = value
+    def next_key(self, subject):
+        return self.by_rank[self.local.rank].next_key(subject)
 
 
 @pytest.fixture
@@ -124,3 +122,22 @@ def test_simulated_ranks_need_no_agreement(monkeypatch):
     assert consensus.needs_agreement(mesh)  # outside the mode: separate processes, which must agree
     with LocalTensorMode(dist.get_world_size()):
         assert not consensus.needs_agreement(mesh)
+
+
+def test_an_agreed_mesh_is_not_kept_alive():
+    import gc
+    import weakref
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from redist_opt.ir.mesh import MeshSpec
+
+    if not dist.is_initialized():
+        pytest.skip("no process group in this pytest process")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    consensus.check_planning_inputs(mesh, MeshSpec.from_device_mesh(mesh))
+    assert id(mesh) in consensus._agreed_meshes  # the next check is one lookup
+    ref = weakref.ref(mesh)
+    del mesh
+    gc.collect()
+    assert ref() is None
