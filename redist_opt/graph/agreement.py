@@ -123,11 +123,12 @@ class SliceAgreement:
             return
         ranks = {r for c in given for r in c.ranks_of(c.scope_dims)}
         # After a slice round of these ranks that not all joined, theirs is not waited for again
-        timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
+        bound = store_round.bound_s(self.timeout_s)
+        timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else bound
         if not check_compiled_profile(given[0].device_mesh, given[0].spec, cost, ranks, timeout_s):
             warnings.warn(
                 f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
-                f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
+                f"{bound:g} s of this one, so its cost profile is not checked against theirs",
                 stacklevel=3,
             )
 
