@@ -79,8 +79,11 @@ def _mesh_ranks(device_mesh) -> list[int]:
 
 
 def _mesh_value(device_mesh) -> tuple:
-    """What makes two DeviceMesh objects equal (dim names, shape, ranks), holding neither."""
-    return (device_mesh.mesh_dim_names, tuple(device_mesh.mesh.shape), tuple(_mesh_ranks(device_mesh)))
+    """What makes two DeviceMesh objects equal (dim names, shape, ranks), holding neither.
+    Read only where ranks must agree."""
+    with tdt.outside_tracing():  # DeviceMesh.mesh builds a tensor: a real one
+        mesh = device_mesh.mesh
+        return (device_mesh.mesh_dim_names, tuple(mesh.shape), tuple(int(r) for r in mesh.flatten().tolist()))
 
 
 def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None = None) -> dict:
@@ -120,6 +123,8 @@ _abandoned: dict = {}
 
 def abandoned_reason(device_mesh, layout) -> str | None:
     """Why the ranks agreed not to use a group of ``layout`` (None: not abandoned)."""
+    if not needs_agreement(device_mesh):  # only agreed abandonments are recorded
+        return None
     return _abandoned.get((_mesh_value(L.root_mesh(device_mesh)), layout))
 
 
@@ -194,13 +199,12 @@ def check_planning_inputs(device_mesh, spec, cost=None) -> None:
     hit = _agreed_meshes.get(id(device_mesh))
     if hit is not None and hit[0]() is device_mesh and entry in hit[1]:
         return
-    key = (entry[0], _mesh_value(device_mesh), spec, cost)
-    if key not in _agreed:
-        if needs_agreement(device_mesh):
-            ranks = _mesh_ranks(device_mesh)
-            facts = exchange("the cost profile planning uses", ranks, _planning_facts(spec, cost))
+    if needs_agreement(device_mesh):
+        key = (entry[0], _mesh_value(device_mesh), spec, cost)
+        if key not in _agreed:
+            facts = exchange("the cost profile planning uses", list(key[1][2]), _planning_facts(spec, cost))
             _raise_if_different(facts)
-        _agreed.add(key)
+            _agreed.add(key)
     _remember_mesh(device_mesh, entry)
 
 
