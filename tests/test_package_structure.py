@@ -55,6 +55,9 @@ TORCH_INTERNALS = re.compile(
     r"|_gen_transform_infos\b|\bDTensorSpec\b|\b_MeshLayout\b|_resolve_process_group\b"
 )
 INTERNALS_MODULES = {"ir/layout.py", "runtime/torch_dtensor.py"}
+# The one module that decides a round over a c10d store (``compare_set``): every
+# agreement across ranks goes through it.
+STORE_ROUND_MODULE = "runtime/store_round.py"
 
 
 def _rel(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> str:
@@ -109,6 +112,20 @@ def torch_internal_readers(paths, root: pathlib.Path = PACKAGE) -> dict[str, lis
     return readers
 
 
+def store_round_deciders(paths, root: pathlib.Path = PACKAGE) -> list[str]:
+    """The modules that call a store's ``compare_set``."""
+    return sorted(
+        {
+            _rel(path, root)
+            for path in paths
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "compare_set"
+        }
+    )
+
+
 def test_the_package_has_modules_to_check():
     assert len(MODULES) > 40, MODULES  # the rules below would pass vacuously otherwise
 
@@ -140,6 +157,13 @@ def test_few_function_level_imports_of_our_own_modules():
 def test_torch_internals_are_read_in_two_modules_only():
     readers = torch_internal_readers(MODULES)
     assert not readers, readers
+
+
+def test_one_module_decides_rounds_over_the_store(tmp_path):
+    assert store_round_deciders(MODULES) == [STORE_ROUND_MODULE]
+    own_round = tmp_path / "own_round.py"  # a second protocol is found
+    own_round.write_text("def decide(store):\n    return store.compare_set('k', '', 'commit')\n")
+    assert store_round_deciders([own_round], tmp_path) == ["own_round.py"]
 
 
 # -- the rules see a pass file that breaks them, through the symlink ----------------------------

@@ -13,9 +13,9 @@ None runs the block eagerly). Dynamo keeps the two backends' graphs apart (its
 backend-match guard); Inductor's FX graph cache and AOTAutograd's cache are turned off
 so that the two compiles can never share an artifact. Every variant first runs its
 warm-up steps (the compiles happen there); then rounds of one step per variant, in
-:func:`stats.interleaved_order`, each step after a barrier. Afterwards every variant runs
-one step under the collective counter (the count shows each side ran its own graphs)
-and a few steps under the profiler (the communication share).
+:func:`redist_opt.tools.wall_stats.interleaved_order`, each step after a barrier.
+Afterwards every variant runs one step under the collective counter (the count shows
+each side ran its own graphs) and a few steps under the profiler (the communication share).
 
 With ``tune_steps`` > 0 each compiled compiler gets a third side, ``tuned``: after the
 warm-up, ``redist_opt.profile_steps`` measures ``tune_steps`` steps of torch's variant (the
@@ -38,8 +38,9 @@ import torch.distributed as dist
 
 import redist_opt
 from benchmarks.step_bench import model as M
-from benchmarks.step_bench import stats, wire
+from benchmarks.step_bench import wire
 from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+from redist_opt.tools import wall_stats
 
 COMPILERS = ("eager", "inductor", "aot_eager")
 SIDES = ("torch", "ours")
@@ -111,7 +112,7 @@ def run_wall(
             out["tuning"][compiler] = {"seconds": time.perf_counter() - t0, "steps": 2 * tune_steps + warmup}
             live.append(name)
     out["walls"] = {name: [] for name in live}
-    out["order"] = stats.interleaved_order(live, rounds)
+    out["order"] = wall_stats.interleaved_order(live, rounds)
     for order in out["order"]:
         for name in order:
             dist.barrier()
@@ -184,4 +185,15 @@ def _profiled_share(step, name: str) -> float:
     spans = [
         (e.time_range.start, e.time_range.end) for e in prof.events() if e.name.startswith(_COLLECTIVE_EVENT)
     ]
-    return min(1.0, stats.union_length(spans) * 1e-6 / wall)  # profiler times are in us
+    return min(1.0, union_length(spans) * 1e-6 / wall)  # profiler times are in us
+
+
+def union_length(intervals) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total

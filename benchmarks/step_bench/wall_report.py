@@ -7,9 +7,9 @@ import statistics
 import sys
 import time
 
-from benchmarks.step_bench import stats
 from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import COMPILERS, PROFILE_STEPS, run_wall
+from redist_opt.tools import wall_stats
 
 # Where communication is a real share of the step: 4 ranks (2 per core). TP's share falls as
 # the hidden size grows (its collectives carry activations, ~dim, its matmuls cost ~dim^2);
@@ -60,15 +60,12 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
         rows.append(row)
         if errors:
             continue
-        t = stats.per_step_max([r["walls"][t_name] for r in ranks])
-        o = stats.per_step_max([r["walls"][o_name] for r in ranks])
-        interval = stats.bootstrap_interval(t, o)
+        t = wall_stats.per_step_max([r["walls"][t_name] for r in ranks])
+        o = wall_stats.per_step_max([r["walls"][o_name] for r in ranks])
         row.update(
             torch_ms=1e3 * statistics.median(t),
             ours_ms=1e3 * statistics.median(o),
-            ratio=stats.median_ratio(t, o),
-            interval=interval,
-            verdict=stats.verdict(interval),
+            **wall_stats.compare(t, o),
             rounds=len(t),
             comm_torch=_share(ranks, t_name),
             comm_ours=_share(ranks, o_name),
@@ -127,9 +124,9 @@ def cmd_wall(args, configs: list) -> int:
     print(
         f"\nStep wall, {args.rounds} interleaved rounds after {args.warmup} warm-up steps per variant; "
         "a step's time is its slowest rank's; ratio = median(torch) / median(ours), > 1: ours faster; "
-        f"interval: paired bootstrap ({stats.BOOTSTRAP_SAMPLES} resamples of rounds); "
-        "comm share: time with a "
-        f"gloo collective in flight / step, median of {PROFILE_STEPS} profiled steps on every rank.\n"
+        f"interval: paired bootstrap ({wall_stats.BOOTSTRAP_SAMPLES} resamples of rounds); "
+        "comm share: time with a gloo collective in flight / step, "
+        f"median of {PROFILE_STEPS} profiled steps on every rank.\n"
     )
     print(format_markdown(results))
     for res in results:

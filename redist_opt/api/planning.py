@@ -15,6 +15,7 @@ from redist_opt.ir import cost as cost_module
 from redist_opt.ir import plan as plan_module
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.plan import Plan, make_plan
+from redist_opt.runtime import store_round
 
 __all__ = ["plan", "optimize", "plans_for", "HotPlan", "clear_caches"]
 
@@ -102,11 +103,13 @@ def plans_for(spec, src, dst, shape, dtype, options: PlanOptions) -> HotPlan:
 def clear_caches() -> None:
     """Forget every cached result: lowered plans, pipeline results, hot plans (and the
     programs specialized from them), MeshSpecs of DeviceMeshes and cost profiles read
-    from files."""
+    from files; and agreement rounds start a new generation (call it on every rank alike,
+    as a collective: see ``redist_opt.runtime.store_round``)."""
     plan_module.clear_cache()
     pipeline.clear_cache()
     cost_module.clear_cache()
     clear_spec_cache()
+    store_round.clear_caches()
     _hot_plans.clear()
     for clear in CLEAR_HOOKS:
         clear()

@@ -28,7 +28,6 @@ __all__ = [
     "live_meshes",
     "recording_meshes",
     "clear_spec_cache",
-    "cache_generation",
 ]
 
 
@@ -129,18 +128,5 @@ def as_spec(mesh) -> MeshSpec:
 
 
 def clear_spec_cache() -> None:
-    """Forget every cached MeshSpec (``redist_opt.clear_caches``), and start a new
-    cache generation: state kept on compiler instances (the graph pass's agreement
-    rounds) resets itself when it sees one."""
-    global _generation
+    """Forget every cached MeshSpec (``redist_opt.clear_caches``)."""
     _spec_cache.clear()
-    _generation += 1
-
-
-# How many times the caches were cleared: instances holding state compare it.
-_generation = 0
-
-
-def cache_generation() -> int:
-    """The number of ``redist_opt.clear_caches()`` calls so far."""
-    return _generation

@@ -10,20 +10,23 @@ asked are candidates (a constant the same on every rank then matches on no set
 everywhere); a slice DTensor put there (known from its metadata to select the
 caller's block) needs no round when one dim set of the root mesh has its size.
 
-Protocol: one round per compiled graph, through the default process group's store
-(a store key is no collective, so it cannot interleave with collectives the program
-still has in flight)::
+Protocol: one round of :mod:`redist_opt.runtime.store_round` per compiled graph, through
+the default process group's store (a store key is no collective, so it cannot interleave
+with collectives the program still has in flight)::
 
-    key    = hash(the graph's op sequence, its chains, the root mesh, the ranks asked)
-             + how many rounds of that hash this compiler asked before
-    ranks  = this rank's group over the dims the program's meshes span and the
-             chains' collectives touch             (a pipeline stage, not the world)
-    set  <key>/facts/<rank> = my candidates, one list per slice
-    wait until every rank's facts are there or a verdict is, for at most AGREEMENT_TIMEOUT_S
-    compare_set(<key>/decision, "", "lock <rank>"): the one rank that wins the lock reads
-        the facts present and writes the verdict; the others wait for it
-    verdict = commit (every rank's facts, in the verdict)
+    subject = the graph's op sequence, its chains, the root mesh, the ranks asked
+              (counted per compiler: its n-th round of that subject)
+    ranks   = this rank's group over the dims the program's meshes span and the
+              chains' collectives touch             (a pipeline stage, not the world)
+    value   = my candidates, one list per slice
+    bound   = AGREEMENT_TIMEOUT_S, or the group's timeout where that is shorter
+    verdict = commit (every rank's facts)
             | abort  (per chain: the answer of an earlier committed round, or none)
+
+The bound is shorter than the run-time rounds' (the group's timeout): an aborted round
+here is safe (a chain keeps its traced collectives, or runs what an earlier round
+agreed), and a rank compiling alone is a normal event (a recompile), which must not
+stall that rank for the group's timeout.
 
 Every rank of the round uses the one verdict, so the decision is the same on every
 rank of it. Rank sets compiling different programs (pipeline stages) never wait
@@ -44,34 +47,32 @@ of the round. Where two earlier rounds of the same text fit with different answe
 (two programs that are one graph on this rank), no choice is safe: the chain is kept
 and a warning names it.
 
-Store keys: a committed round deletes its keys once every rank has its verdict; an
-aborted round keeps its verdict (ranks may join it later; one key per lone compile);
-records are one key per distinct (chain text, facts, answer).
+Store keys: the round's (see :mod:`~redist_opt.runtime.store_round`: an aborted round
+keeps its verdict, one key per lone compile); records are one key per distinct (chain
+text, facts, answer).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
 import pickle
-import time
 import warnings
 from collections.abc import Sequence
 
 import torch.distributed as dist
 import torch.fx as fx
 
-from redist_opt.api.specs import cache_generation
 from redist_opt.graph.chain import Chain, ChainOp
+from redist_opt.runtime import store_round
 from redist_opt.runtime.consensus import check_compiled_profile, needs_agreement
+from redist_opt.runtime.store_round import digest
 from redist_opt.runtime.torch_dtensor import default_store
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
 
-# How long a rank waits for the others of its round before the verdict is "abort".
+# How long a rank waits for the others of its round before the verdict is "abort"
+# (at most: the group's timeout where that is shorter).
 AGREEMENT_TIMEOUT_S = 5.0
-_POLL_S = 0.01
 _KEY_PREFIX = "redist_opt/graph_pass/agree"
 _RECORDS = "redist_opt/graph_pass/record"
 
@@ -89,7 +90,7 @@ class Agreed:
 
 class SliceAgreement:
     """The agreement state of one compiler (a backend, a pass instance): how many
-    rounds of each graph hash it asked, reset by ``redist_opt.clear_caches()``.
+    rounds of each graph it asked (``rounds``, restarted by ``redist_opt.clear_caches()``).
 
     ``all_gather(facts) -> every rank's facts, or a reason string`` replaces the store
     (one call per graph); ``timeout_s`` bounds the wait of a round."""
@@ -103,21 +104,12 @@ class SliceAgreement:
             store,
             rank,
         )  # a store and this rank's id (tests; default: the default group's)
-        self._rounds: collections.Counter = collections.Counter()
-        self._generation = cache_generation()
+        self.rounds = store_round.Rounds()
 
     @property
     def rounds_asked(self) -> int:
         """How many store rounds this compiler asked since the caches were last cleared."""
-        return sum(self._rounds.values()) if self._generation == cache_generation() else 0
-
-    def _round_key(self, what) -> str:
-        if self._generation != cache_generation():  # clear_caches() ran: every count restarts
-            self._rounds.clear()
-            self._generation = cache_generation()
-        digest = _digest(what)
-        self._rounds[digest] += 1
-        return f"{self._generation}/{digest}/{self._rounds[digest]}"
+        return self.rounds.asked
 
     def check_profile(self, contexts, cost, aborted_ranks: tuple | None = None) -> None:
         """Raise :class:`~redist_opt.runtime.consensus.AgreementError` on every rank that
@@ -131,11 +123,12 @@ class SliceAgreement:
             return
         ranks = {r for c in given for r in c.ranks_of(c.scope_dims)}
         # After a slice round of these ranks that not all joined, theirs is not waited for again
-        timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else self.timeout_s
+        bound = store_round.bound_s(self.timeout_s)
+        timeout_s = 0.0 if aborted_ranks == tuple(sorted(ranks)) else bound
         if not check_compiled_profile(given[0].device_mesh, given[0].spec, cost, ranks, timeout_s):
             warnings.warn(
                 f"redist_opt graph pass: not every rank of {sorted(ranks)} compiled this program within "
-                f"{self.timeout_s:g} s of this one, so its cost profile is not checked against theirs",
+                f"{bound:g} s of this one, so its cost profile is not checked against theirs",
                 stacklevel=3,
             )
 
@@ -157,8 +150,9 @@ class SliceAgreement:
             if isinstance(store, str):
                 verdict = ("abort", store, {})
             else:
-                key = self._round_key((_structure(graph), texts, ranks))
-                verdict = _Round(store, key, ranks, self.timeout_s, me).run(mine, texts)
+                key = self.rounds.next_key((_structure(graph), texts, ranks))
+                timeout_s = self.timeout_s if self.store is not None else store_round.bound_s(self.timeout_s)
+                verdict = _Round(store, key, ranks, timeout_s, me).run(mine, texts)
         out.aborted_ranks = ranks if verdict[0] == "abort" else None
         _resolve(pending, mine, verdict, ranks, self.timeout_s, me, out)
         return out
@@ -233,7 +227,7 @@ def _chain_text(chain: Chain, ranks) -> str:
     """A chain's meaning on its mesh, the same on every rank asked (a record's key)."""
     ctx = chain.ctx
     val = chain.input.meta.get("val")
-    return _digest(
+    return digest(
         (
             tuple(_op_fingerprint(op) for op in chain.ops),
             tuple(val.shape) if val is not None else None,
@@ -250,10 +244,6 @@ def _structure(graph: fx.Graph) -> tuple:
     return tuple((n.op, str(n.target)) for n in graph.nodes if n.op == "call_function")
 
 
-def _digest(what) -> str:
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
-
-
 def _store_or_reason():
     if not dist.is_initialized():
         return "no process group to agree on slice dims across ranks"
@@ -266,56 +256,44 @@ def _store_or_reason():
 
 
 class _Round:
-    def __init__(self, store, key: str, ranks, timeout_s: float, me: int) -> None:
-        self.store, self.ranks, self.timeout_s, self.me = store, ranks, timeout_s, me
-        self.base = f"{_KEY_PREFIX}/{key}"
-        self.decision = f"{self.base}/decision"
+    """One round of slice facts: the store round, and from its verdict the records a
+    committed round leaves and the earlier answers an aborted one reuses."""
 
-    def _facts(self, r) -> str:
-        return f"{self.base}/facts/{r}"
+    def __init__(self, store, key: str, ranks, timeout_s: float, me: int) -> None:
+        self.store, self.key, self.ranks, self.timeout_s, self.me = store, key, ranks, timeout_s, me
 
     def run(self, mine: list, texts: list[str]):
         """The verdict of this round: ("commit", every rank's facts) or ("abort", reason,
         {chain position: (facts of every rank, dims per slice) of an earlier round})."""
-        store = self.store
-        store.set(self._facts(self.me), pickle.dumps(mine))
-        keys = [self._facts(r) for r in self.ranks]
-        deadline = time.monotonic() + self.timeout_s
-        while not store.check([self.decision]) and not store.check(keys) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        lock = f"lock {self.me}".encode()
-        got = store.compare_set(self.decision, "", lock)
-        if got == lock:  # this rank decides, from the facts present now
-            present = {r: pickle.loads(store.get(k)) for r, k in zip(self.ranks, keys) if store.check([k])}
-            if len(present) == len(self.ranks):
-                verdict = ("commit", [present[r] for r in self.ranks])
-            else:
-                reason = (
-                    f"not every rank of {list(self.ranks)} gave its slice facts within {self.timeout_s:g} s "
-                    "(the chain is left as it was from here on every one of them)"
-                )
-                verdict = ("abort", reason, _earlier_answers(store, texts, present))
-            store.set(self.decision, pickle.dumps(verdict))
-        else:
-            verdict = self._wait_verdict(got)
-        store.delete_key(self._facts(self.me))
-        if verdict[0] == "commit":
-            _record(store, texts, self.ranks, verdict[1])
-            # the last rank to read the verdict removes it: no rank can join a committed round later
-            if store.add(f"{self.base}/done", 1) == len(self.ranks):
-                store.delete_key(self.decision)
-                store.delete_key(f"{self.base}/done")
-        return verdict
 
-    def _wait_verdict(self, got: bytes):
-        # another rank holds the lock: it is reading a few keys, then writes the verdict
-        deadline = time.monotonic() + self.timeout_s
-        while got.startswith(b"lock ") and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-            got = self.store.get(self.decision)
-        if got.startswith(b"lock "):
-            return ("abort", f"rank {got[5:].decode()} took the agreement's decision and never wrote it", {})
-        return pickle.loads(got)
+        def on_abort(present: dict) -> tuple:
+            reason = (
+                f"not every rank of {list(self.ranks)} gave its slice facts within {self.timeout_s:g} s "
+                "(the chain is left as it was from here on every one of them)"
+            )
+            return (reason, _earlier_answers(self.store, texts, present))
+
+        verdict = store_round.run_round(
+            self.store,
+            f"{_KEY_PREFIX}/{self.key}",
+            self.ranks,
+            self.me,
+            mine,
+            timeout_s=self.timeout_s,
+            topic="the mesh dims of rank slices",
+            on_abort=on_abort,
+        )
+        if verdict.committed:
+            gathered = [verdict.values[r] for r in self.ranks]
+            _record(self.store, texts, self.ranks, gathered)
+            return ("commit", gathered)
+        if verdict.silent_decider is not None:
+            return (
+                "abort",
+                f"rank {verdict.silent_decider} took the agreement's decision and never wrote it",
+                {},
+            )
+        return ("abort", *verdict.on_abort)
 
 
 def _record(store, texts, ranks, gathered) -> None:
@@ -324,7 +302,7 @@ def _record(store, texts, ranks, gathered) -> None:
     for j, text in enumerate(texts):
         facts = {r: g[j] for r, g in zip(ranks, gathered)}
         entry = pickle.dumps((facts, _common(list(facts.values()))), protocol=4)
-        if store.add(f"{_RECORDS}/{text}/seen/{_digest(entry)}", 1) == 1:
+        if store.add(f"{_RECORDS}/{text}/seen/{digest(entry)}", 1) == 1:
             i = store.add(f"{_RECORDS}/{text}/n", 1)
             store.set(f"{_RECORDS}/{text}/{i}", entry)
 

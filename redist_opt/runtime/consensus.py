@@ -16,43 +16,30 @@ in ``redist_opt.graph.agreement``):
   mistake (a file copied to some hosts only, an environment set per node), and
   planning with a profile the user did not give on that rank would hide it.
 
-One round, through the default group's key-value store (a store key is no
-collective, so it cannot interleave with collectives in flight)::
-
-    set  <prefix>/<topic, ranks>/<n>/<rank> = my value
-    wait until every rank's key is there, for at most agreement_timeout_s()
-    verdict = compare_set(.../decision, "", "commit" | "abort")
-
-The first rank to decide fixes the verdict for all: either every rank gets every
-value ("commit"), or every rank raises :class:`AgreementError` naming the ranks
-that did not join: a rank slower than the bound, one that exited or died. A rank
-arriving after the others gave up finds "abort" at once and raises too. So no
-rank waits longer than the bound, and no rank acts on a decision another did not
-make.
-
-The bound is the default process group's timeout (``init_process_group(timeout=)``,
-read from its store): the time a collective of that group would wait for a rank
-that is not there. redist_opt never fails a rank earlier than torch would have.
+Each is one round of :mod:`redist_opt.runtime.store_round` (through the default
+group's store, bounded by its timeout): either every rank gets every value, or every
+rank raises :class:`AgreementError` naming the ranks that did not join (a rank slower
+than the bound, one that exited or died); a rank arriving after the others gave up
+raises at once too. So no rank waits longer than the bound, and no rank acts on a
+decision another did not make.
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import os
-import pickle
-import time
+import weakref
 from collections.abc import Sequence
 
 import torch.distributed as dist
 
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
+from redist_opt.runtime import store_round
 from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.runtime.store_round import WAITS  # every round's wait, read by the fault harness
 
 __all__ = [
     "AgreementError",
-    "agreement_timeout_s",
     "exchange",
     "needs_agreement",
     "agree_group_created",
@@ -63,15 +50,9 @@ __all__ = [
 ]
 
 _PREFIX = "redist_opt/runtime/agree"
-_POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 
-# Rounds asked so far per (topic, ranks): the n-th round of a topic is the same
-# round on every rank, because every rank asks its rounds in program order.
-_rounds: collections.Counter = collections.Counter()
-
-# (topic, seconds waited) of every round this process took part in (tests and the
-# fault harness read the worst wait from here).
-WAITS: list = []
+# Rounds asked so far per (topic, ranks), by this process.
+_rounds = store_round.Rounds()
 
 
 class AgreementError(dist.DistError):
@@ -92,58 +73,39 @@ def needs_agreement(device_mesh) -> bool:
     return device_mesh.size() > 1
 
 
-def agreement_timeout_s() -> float:
-    """How long a rank waits for the others of a round: the default group's timeout."""
-    return tdt.default_store().timeout.total_seconds()
-
-
 def _mesh_ranks(device_mesh) -> list[int]:
     with tdt.outside_tracing():  # planning may run while AOTAutograd traces
         return [int(r) for r in device_mesh.mesh.flatten().tolist()]
 
 
-def _digest(what) -> str:
-    return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
+def _mesh_value(device_mesh) -> tuple:
+    """What makes two DeviceMesh objects equal (dim names, shape, ranks), holding neither.
+    Read only where ranks must agree."""
+    with tdt.outside_tracing():  # DeviceMesh.mesh builds a tensor: a real one
+        mesh = device_mesh.mesh
+        return (device_mesh.mesh_dim_names, tuple(mesh.shape), tuple(int(r) for r in mesh.flatten().tolist()))
 
 
 def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None = None) -> dict:
     """{rank: value} of every rank of ``ranks`` for the next round of ``topic``, or
     :class:`AgreementError` on every rank if some rank did not join within
-    ``timeout_s`` (default :func:`agreement_timeout_s`). Each rank of ``ranks``
-    must call this for the same topics in the same order."""
-    store = tdt.default_store()
+    ``timeout_s`` (default: the group's timeout, :func:`~redist_opt.runtime.store_round.bound_s`).
+    Each rank of ``ranks`` must call this for the same topics in the same order."""
     ranks = tuple(sorted(ranks))
-    what = (topic, ranks)
-    _rounds[what] += 1
-    base = f"{_PREFIX}/{_digest(what)}/{_rounds[what]}"
     me = dist.get_rank()
-    timeout_s = agreement_timeout_s() if timeout_s is None else timeout_s
-    start = time.monotonic()
-    store.set(f"{base}/{me}", pickle.dumps(value))
-    keys = [f"{base}/{r}" for r in ranks]
-    decision = f"{base}/decision"
-    poll = _POLL_MIN_S
-    while True:
-        if store.check(keys):
-            verdict = store.compare_set(decision, "", "commit")
-            break
-        if store.check([decision]):
-            verdict = store.get(decision)
-            break
-        if time.monotonic() - start >= timeout_s:
-            verdict = store.compare_set(decision, "", "abort")
-            break
-        time.sleep(poll)
-        poll = min(poll * 2, _POLL_MAX_S)
-    WAITS.append((topic, time.monotonic() - start))
-    if verdict == b"commit":
-        return {r: pickle.loads(store.get(k)) for r, k in zip(ranks, keys)}
-    missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
-    who = (
-        f"rank(s) {missing} did not join it"
-        if missing
-        else f"this rank ({me}) joined after the others had given up waiting"
+    timeout_s = store_round.bound_s() if timeout_s is None else timeout_s
+    key = f"{_PREFIX}/{_rounds.next_key((topic, ranks))}"
+    verdict = store_round.run_round(
+        tdt.default_store(), key, ranks, me, value, timeout_s=timeout_s, topic=topic
     )
+    if verdict.committed:
+        return verdict.values
+    if verdict.silent_decider is not None:
+        who = f"rank {verdict.silent_decider} took the round's decision and never wrote it"
+    elif me in verdict.missing:
+        who = f"this rank ({me}) joined after the others had given up waiting"
+    else:
+        who = f"rank(s) {list(verdict.missing)} did not join it"
     raise AgreementError(
         f"redist_opt: ranks {list(ranks)} must agree on {topic} before any of them acts on it, and "
         f"{who} within {timeout_s:g} s (a rank slower than that, or one that exited or died); "
@@ -153,13 +115,17 @@ def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None
 
 # -- whether a merged group was created -------------------------------------------------
 
-# (root mesh id, layout) -> why the merged group is not used, the same on every rank
+# (root mesh's value, layout) -> why the merged group is not used, the same on every rank.
+# By value, not by the mesh: nothing keeps a mesh alive, and no id of a freed mesh is
+# reused by a new one on some ranks only.
 _abandoned: dict = {}
 
 
 def abandoned_reason(device_mesh, layout) -> str | None:
     """Why the ranks agreed not to use a group of ``layout`` (None: not abandoned)."""
-    return _abandoned.get((id(L.root_mesh(device_mesh)), layout))
+    if not needs_agreement(device_mesh):  # only agreed abandonments are recorded
+        return None
+    return _abandoned.get((_mesh_value(L.root_mesh(device_mesh)), layout))
 
 
 def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str | None:
@@ -180,40 +146,66 @@ def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str |
         f"creating the merged group over mesh dims {tuple(dims)} failed on rank(s) {sorted(failed)} "
         f"(rank {first}: {failed[first]}); every rank of {sorted(outcomes)} runs the unmerged plan"
     )
-    _abandoned[(id(L.root_mesh(device_mesh)), layout)] = reason
+    _abandoned[(_mesh_value(L.root_mesh(device_mesh)), layout)] = reason
     return reason
 
 
 # -- what planning reads from the environment ------------------------------------------
 
-# (mesh, cost) pairs already agreed: after the first planning, one set lookup
+# What was agreed, by value: (generation of rounds, the mesh's value, its spec, cost=), and
+# (generation, ranks compiling, cost=). By value, so equal meshes agree once, and whether a
+# round is asked never depends on when a rank's garbage collector frees a mesh.
 _agreed: set = set()
+
+# The meshes agreed, by identity and held weakly (an agreed mesh is freed with its last
+# user): id -> (weak reference, {(generation, cost=)}). A lookup in front of _agreed, so
+# that after the first planning a check reads no mesh.
+_agreed_meshes: dict = {}
+
+
+def _forget_mesh(key: int, ref) -> None:
+    if _agreed_meshes.get(key, (None,))[0] is ref:
+        del _agreed_meshes[key]
+
+
+def _remember_mesh(device_mesh, entry: tuple) -> None:
+    key = id(device_mesh)
+    hit = _agreed_meshes.get(key)
+    if hit is None or hit[0]() is not device_mesh:
+        ref = weakref.ref(device_mesh, lambda r, key=key: _forget_mesh(key, r))
+        hit = _agreed_meshes[key] = (ref, set())
+    hit[1].add(entry)
 
 
 def _planning_facts(spec, cost) -> tuple:
     """(setting as this rank sees it, digest of the profile it plans with or None, error or None)."""
     if cost is not None:
-        return ("the cost= argument", _digest(sorted(cost.to_dict().items())), None)
+        return ("the cost= argument", store_round.digest(sorted(cost.to_dict().items())), None)
     try:
         model, source = cost_module.resolve(spec)
     except ValueError as e:
         return (None, None, str(e))
     if not os.environ.get(cost_module.PROFILE_ENV, "").strip():
         source += f", {cost_module.PROFILE_ENV} unset"
-    return (source, _digest(sorted(model.to_dict().items())), None)
+    return (source, store_round.digest(sorted(model.to_dict().items())), None)
 
 
 def check_planning_inputs(device_mesh, spec, cost=None) -> None:
     """Raise :class:`AgreementError` on every rank of ``device_mesh`` when its ranks
     would plan with different cost profiles (or some cannot read theirs); agreed
-    once per mesh and ``cost`` (a ``CostModel``, hashable) at the first planning."""
-    key = (device_mesh, cost)
-    if key in _agreed:
+    once per mesh and ``cost`` (a ``CostModel``, hashable) at the first planning, and
+    again after ``redist_opt.clear_caches()``."""
+    entry = (store_round.generation(), cost)
+    hit = _agreed_meshes.get(id(device_mesh))
+    if hit is not None and hit[0]() is device_mesh and entry in hit[1]:
         return
     if needs_agreement(device_mesh):
-        ranks = _mesh_ranks(device_mesh)
-        _raise_if_different(exchange("the cost profile planning uses", ranks, _planning_facts(spec, cost)))
-    _agreed.add(key)
+        key = (entry[0], _mesh_value(device_mesh), spec, cost)
+        if key not in _agreed:
+            facts = exchange("the cost profile planning uses", list(key[1][2]), _planning_facts(spec, cost))
+            _raise_if_different(facts)
+            _agreed.add(key)
+    _remember_mesh(device_mesh, entry)
 
 
 def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeout_s: float) -> bool:
@@ -224,7 +216,7 @@ def check_compiled_profile(device_mesh, spec, cost, ranks: Sequence[int], timeou
     unchecked, as the caller's pass would be without this check, instead of failing a
     compile that works (and the ranks' rounds stay in step)."""
     ranks = tuple(sorted(ranks))
-    key = (ranks, cost)
+    key = (store_round.generation(), ranks, cost)
     if key in _agreed or len(ranks) < 2 or not needs_agreement(device_mesh):
         return True
     try:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
-from redist_opt.runtime import consensus
+from redist_opt.runtime import consensus, store_round
 from redist_opt.runtime.torch_dtensor import outside_tracing
 
 __all__ = ["resolve_group", "GroupUnavailable"]
@@ -67,7 +67,7 @@ def _create_agreed(device_mesh, group: MeshGroup):
     try:
         timeout = None
         if consensus.needs_agreement(device_mesh):
-            timeout = datetime.timedelta(seconds=consensus.agreement_timeout_s() / 2)
+            timeout = datetime.timedelta(seconds=store_round.bound_s() / 2)
         with outside_tracing():
             flat = L.create_flattened_mesh(device_mesh, layout, timeout=timeout)
     except Exception as e:  # a backend that cannot make a new communicator

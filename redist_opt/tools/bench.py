@@ -27,6 +27,7 @@ import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
 from redist_opt.runtime.torch_dtensor import reference_semantics
+from redist_opt.tools import wall_stats
 from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
@@ -226,7 +227,7 @@ def wall_bench(
 ) -> dict:
     """Each (src, dst, global shape) of ``points`` run three ways (:func:`run_variants`) on
     one gloo rank per position of ``mesh`` (sizes, names), with the ``flatten`` dims'
-    flattened meshes created: per point the medians, ours/torch and its noise."""
+    flattened meshes created: per point the medians, ours/torch, its interval and verdict."""
     world = math.prod(mesh[0])
     t0 = time.perf_counter()
     per_rank = run_ranks(
@@ -236,9 +237,9 @@ def wall_bench(
     rows = []
     for i, (src, dst, shape) in enumerate(points):
         stats = {v: Stat.of([r[i]["samples"][k] for r in per_rank]) for k, v in enumerate(VARIANTS)}
-        t, o = stats["torch"], stats["ours"]
-        noise = 3.0 * math.hypot(t.stderr, o.stderr)
-        ratio = o.median / t.median if t.median > 0 else float("nan")
+        # torch's and our sample i ran in the same round: compared pairwise (wall_stats)
+        faster = wall_stats.compare(stats["torch"].samples, stats["ours"].samples)
+        lo, hi = faster["interval"]
         rows.append(
             dict(
                 case=f"{src} -> {dst}",
@@ -251,9 +252,11 @@ def wall_bench(
                 collectives=per_rank[0][i]["collectives"],
                 **{f"{v}_ms": stats[v].median * 1e3 for v in VARIANTS},
                 **{f"{v}_stderr_ms": stats[v].stderr * 1e3 for v in VARIANTS},
-                ratio=ratio,
-                noise_ms=noise * 1e3,
-                slower=bool(o.median - t.median > noise and ratio > 1 + MIN_FLAG_RATIO),
+                # ours/torch, as the table's times read (the rule's torch/ours, inverted)
+                ratio=1.0 / faster["ratio"],
+                interval=[1.0 / hi, 1.0 / lo],
+                verdict=faster["verdict"],
+                slower=faster["verdict"] == "ours slower",
                 samples_ms={v: [s * 1e3 for s in stats[v].samples] for v in VARIANTS},
             )
         )
@@ -269,10 +272,6 @@ def wall_bench(
     }
 
 
-# Differences below this fraction are never flagged, however tight the samples.
-MIN_FLAG_RATIO = 0.05
-
-
 def format_wall(res: dict) -> str:
     profile = res["cost_profile"] or "default (redist_opt's default model)"
     mesh = ",".join(f"{n}={s}" for n, s in zip(res["mesh"]["names"], res["mesh"]["sizes"]))
@@ -282,23 +281,25 @@ def format_wall(res: dict) -> str:
         f"median of {res['iters']} samples (slowest rank), ms per redistribute; "
         f"ours: groups=existing, cost profile {profile}",
         f"{'case':<28} {'shape':>9} {'size':>7} {'torch':>8} {'no merge':>9} {'ours':>8} {'ours/torch':>10} "
-        f"{'noise':>7} {'colls':>5} {'eq':>3}  flag",
+        f"{'95% interval':>13} {'colls':>5} {'eq':>3}  verdict",
     ]
     for r in res["rows"]:
-        flags = ["SLOWER"] * r["slower"] + ["torch WRONG"] * (not r["torch_equal"])
+        flags = [r["verdict"]] + ["torch WRONG"] * (not r["torch_equal"])
         shape = "x".join(map(str, r["shape"]))
+        interval = "[{:.2f}, {:.2f}]".format(*r["interval"])
+        colls = "/".join(str(r["collectives"][v]) for v in VARIANTS)
         lines.append(
             f"{r['case']:<28} {shape:>9} {format_size(r['nbytes']):>7} {r['torch_ms']:>8.3f} "
             f"{r['torch_nomerge_ms']:>9.3f} {r['ours_ms']:>8.3f} {r['ratio']:>10.2f} "
-            f"{r['noise_ms']:>7.3f} {'/'.join(str(r['collectives'][v]) for v in VARIANTS):>5} "
+            f"{interval:>13} {colls:>5} "
             f"{'ok' if r['equal'] else 'NO':>3}  {' '.join(flags)}"
         )
     lines.append(
         "colls = collectives issued by torch / torch no merge / ours; "
         "eq = every rank's result of ours equals "
         "torch's with its merge pass off, bit for bit (torch WRONG: torch's own merged result does not)\n"
-        "noise = 3 x combined standard error of the two medians (from the samples' MAD); "
-        f"SLOWER = ours - torch > noise and ours/torch > {1 + MIN_FLAG_RATIO:.2f}"
+        "95% interval of ours/torch: paired bootstrap over the interleaved rounds "
+        "(redist_opt.tools.wall_stats); verdict: no change while the interval contains 1"
     )
     return "\n".join(lines)
 

@@ -19,13 +19,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.elastic.utils.distributed import get_free_port as free_port
 
-__all__ = ["SpawnError", "run_ranks", "free_port", "quiet_torch_logs"]
+__all__ = ["SpawnError", "run_ranks", "free_port", "on_a_free_port", "quiet_torch_logs"]
+
+
+T = TypeVar("T")
 
 
 class SpawnError(RuntimeError):
@@ -95,6 +99,24 @@ def _first_failure(error_files, nprocs: int, error) -> str:
         return f"rank {rank} of {nprocs} failed:\n{pickle.load(f).rstrip()}"
 
 
+# How many ports a spawn tries before a taken port is reported as the failure.
+PORT_TRIES = 3
+
+
+def on_a_free_port(spawn: Callable[[int], T]) -> T:
+    """``spawn(port)`` on a free port, and again on another when rank 0's store could
+    not listen on it (EADDRINUSE): torch's free port is bound, then closed, so another
+    process can take it before the store binds it. ``spawn`` raises the ranks' failure
+    (``SpawnError`` or torch's ``ProcessRaisedException``, with the rank's traceback)."""
+    for _ in range(PORT_TRIES - 1):
+        try:
+            return spawn(free_port())
+        except (SpawnError, mp.ProcessRaisedException) as e:
+            if "EADDRINUSE" not in str(e):
+                raise
+    return spawn(free_port())
+
+
 def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float = 120.0) -> list:
     """Run ``target(rank, world, *args)`` on ``nprocs`` spawned gloo ranks; their results by rank.
 
@@ -102,13 +124,17 @@ def run_ranks(target: Callable, nprocs: int, args: tuple = (), *, timeout: float
     :class:`SpawnError` with that rank's traceback; ranks that do not report within
     ``timeout`` seconds are terminated and reported.
     """
+    return on_a_free_port(lambda port: _run_ranks_on(port, target, nprocs, args, timeout))
+
+
+def _run_ranks_on(port: int, target: Callable, nprocs: int, args: tuple, timeout: float) -> list:
     # Collectives time out a little before we give up on the ranks, so a hang
     # surfaces as a child traceback rather than a kill.
     pg_timeout = max(10.0, timeout - 5.0)
     with tempfile.TemporaryDirectory(prefix="redist_opt_ranks_") as out_dir:
         pc = mp.start_processes(
             _rank_entry,
-            args=(target, nprocs, free_port(), out_dir, pg_timeout, args),
+            args=(target, nprocs, port, out_dir, pg_timeout, args),
             nprocs=nprocs,
             join=False,
             start_method="spawn",

@@ -1,11 +1,12 @@
-"""The wall benchmark's statistics (benchmarks/step_bench/stats.py), on given times: no timing."""
+"""The wall benchmarks' statistics (redist_opt/tools/wall_stats.py, the one rule of "faster"),
+and the step bench's report of them, on given times: no timing."""
 
 import pytest
 
-from benchmarks.step_bench import stats
 from benchmarks.step_bench.model import StepConfig
-from benchmarks.step_bench.wall import variant_names
+from benchmarks.step_bench.wall import union_length, variant_names
 from benchmarks.step_bench.wall_report import format_markdown, summarize
+from redist_opt.tools import wall_stats as stats
 
 
 def test_rounds_alternate_the_order_so_neither_side_always_follows():
@@ -59,8 +60,8 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
 
 
 def test_union_length_counts_overlaps_once():
-    assert stats.union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
-    assert stats.union_length([]) == 0
+    assert union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
+    assert union_length([]) == 0
 
 
 def _rank(walls_torch, walls_ours, errors=None):

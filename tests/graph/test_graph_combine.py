@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 from expecttest import TestCase
+from support.graph_builder import C10D, GraphBuilder
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from redist_opt.graph.combine import MAX_HOISTED, combine_collectives
 
 aten = torch.ops.aten
-C10D = torch.ops._c10d_functional
 BYTES_PER_UNIT = 1024
 
 
@@ -27,63 +27,8 @@ def stub_time(kind, group, nbytes):
     return None if group == "unpriced" else 1.0 + nbytes / BYTES_PER_UNIT
 
 
-class G:
-    """A tiny graph builder: ``g.x("a", shape)`` placeholders, ``g.ag(x)`` gathered values."""
-
-    def __init__(self) -> None:
-        self.graph = fx.Graph()
-        self.mode = FakeTensorMode()
-
-    def x(self, name, shape=(4, 2), dtype=torch.float32):
-        n = self.graph.placeholder(name)
-        with self.mode:
-            n.meta["val"] = torch.empty(shape, dtype=dtype)
-        return n
-
-    def call(self, target, *args):
-        n = self.graph.call_function(target, args)
-        with self.mode:
-            n.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
-        return n
-
-    def ag(self, x, group="7", n=2):
-        return self.call(
-            C10D.wait_tensor.default, self.call(C10D.all_gather_into_tensor.default, x, n, group)
-        )
-
-    def ar(self, x, op="sum", group="7"):
-        return self.wait(self.call(C10D.all_reduce.default, x, op, group))
-
-    def wait(self, c):
-        return self.call(C10D.wait_tensor.default, c)
-
-    def text(self, *outs) -> str:
-        self.graph.output(outs[0] if len(outs) == 1 else tuple(outs))
-        self.graph.lint()
-        done = combine_collectives(self.graph, stub_time)
-        self.graph.lint()
-        lines = [f"# combined: {sum(c.removed for c in done)}"]
-        for n in self.graph.nodes:
-            if n.op == "call_function":
-                name = (
-                    getattr(n.target, "__name__", None)
-                    if callable(n.target) and not isinstance(n.target, torch._ops.OpOverload)
-                    else None
-                )
-                name = name or str(n.target).replace("_c10d_functional.", "").replace("aten.", "")
-                args = ", ".join(_arg(a) for a in n.args)
-                lines.append(f"{n.name} = {name}({args})")
-            elif n.op == "output":
-                lines.append(f"return {_arg(n.args[0])}")
-        return "\n".join(lines)
-
-
-def _arg(a):
-    if isinstance(a, fx.Node):
-        return a.name
-    if isinstance(a, (list, tuple)):
-        return "[" + ", ".join(_arg(x) for x in a) + "]"
-    return repr(a)
+def G() -> GraphBuilder:
+    return GraphBuilder("combined", lambda graph: combine_collectives(graph, stub_time))
 
 
 class TestCombine(TestCase):
@@ -106,9 +51,9 @@ view_2 = view.default(wait_tensor, [2, -1])
 split_with_sizes = split_with_sizes.default(view_2, [4, 6], 1)
 getitem = getitem(split_with_sizes, 0)
 getitem_1 = getitem(split_with_sizes, 1)
-clone = clone.default(getitem)
+clone = clone.default(getitem, memory_format=torch.contiguous_format)
 _unsafe_view = _unsafe_view.default(clone, [8])
-clone_1 = clone.default(getitem_1)
+clone_1 = clone.default(getitem_1, memory_format=torch.contiguous_format)
 _unsafe_view_1 = _unsafe_view.default(clone_1, [4, 3])
 mul_tensor = mul.Tensor(_unsafe_view, _unsafe_view)
 return [mul_tensor, _unsafe_view_1]""",
@@ -199,9 +144,9 @@ view_2 = view.default(wait_tensor, [2, -1])
 split_with_sizes = split_with_sizes.default(view_2, [4, 4], 1)
 getitem = getitem(split_with_sizes, 0)
 getitem_1 = getitem(split_with_sizes, 1)
-clone = clone.default(getitem)
+clone = clone.default(getitem, memory_format=torch.contiguous_format)
 _unsafe_view = _unsafe_view.default(clone, [8])
-clone_1 = clone.default(getitem_1)
+clone_1 = clone.default(getitem_1, memory_format=torch.contiguous_format)
 _unsafe_view_1 = _unsafe_view.default(clone_1, [8])
 return [_unsafe_view, _unsafe_view_1]""",
         )

@@ -83,11 +83,11 @@ def test_rounds_of_one_graph_are_counted_per_compiler_and_reset_by_clear_caches(
     from redist_opt.graph.agreement import SliceAgreement
 
     one, other = SliceAgreement(), SliceAgreement()
-    first, second = one._round_key("graph"), one._round_key("graph")
+    first, second = one.rounds.next_key("graph"), one.rounds.next_key("graph")
     assert first != second and first.endswith("/1") and second.endswith("/2")
-    assert other._round_key("graph") == first  # another compiler starts at 1 too
+    assert other.rounds.next_key("graph") == first  # another compiler starts at 1 too
     redist_opt.clear_caches()
-    again = one._round_key("graph")
+    again = one.rounds.next_key("graph")
     assert again.endswith("/1") and again != first  # a new cache generation
 
 

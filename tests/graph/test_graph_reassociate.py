@@ -8,57 +8,16 @@ them); each legality condition has a twin the pass leaves as it was.
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
 from expecttest import TestCase
+from support.graph_builder import GraphBuilder
 
 from redist_opt.graph.reassociate import reassociate_all_reduces
 
 aten = torch.ops.aten
-C10D = torch.ops._c10d_functional
 
 
-class G:
-    """A tiny graph builder: ``g.x("a")`` placeholders, ``g.ar(x)`` reduced values."""
-
-    def __init__(self) -> None:
-        self.graph = fx.Graph()
-
-    def x(self, name, shape=(4, 2), dtype=torch.float32):
-        n = self.graph.placeholder(name)
-        n.meta["val"] = torch.empty(shape, dtype=dtype)
-        return n
-
-    def call(self, target, *args, **kwargs):
-        n = self.graph.call_function(target, args, kwargs)
-        vals = [a.meta["val"] for a in args if isinstance(a, fx.Node)]
-        n.meta["val"] = (
-            target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args], **kwargs)
-            if target in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor)
-            else vals[0].clone()
-        )
-        return n
-
-    def ar(self, x, op="sum", group="7"):
-        return self.call(C10D.wait_tensor.default, self.call(C10D.all_reduce.default, x, op, group))
-
-    def text(self, *outs) -> str:
-        self.graph.output(outs[0] if len(outs) == 1 else tuple(outs))
-        self.graph.lint()
-        return self.run()
-
-    def run(self) -> str:
-        done = reassociate_all_reduces(self.graph)
-        self.graph.lint()
-        lines = [f"# reassociated: {sum(r.removed for r in done)}"]
-        for n in self.graph.nodes:
-            if n.op == "call_function":
-                name = str(n.target).replace("_c10d_functional.", "").replace("aten.", "")
-                args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args)
-                kw = "".join(f", {k}={v!r}" for k, v in n.kwargs.items())
-                lines.append(f"{n.name} = {name}({args}{kw})")
-            elif n.op == "output":
-                lines.append(f"return {n.args[0]}")
-        return "\n".join(lines)
+def G() -> GraphBuilder:
+    return GraphBuilder("reassociated", reassociate_all_reduces)
 
 
 class TestReassociate(TestCase):
@@ -198,7 +157,7 @@ wait_tensor_default = wait_tensor.default(all_reduce_default)
 all_reduce_default_1 = all_reduce.default(b, 'sum', '7')
 wait_tensor_default_1 = wait_tensor.default(all_reduce_default_1)
 add_tensor = add.Tensor(wait_tensor_default, wait_tensor_default_1)
-return (add_tensor, wait_tensor_default)""",
+return [add_tensor, wait_tensor_default]""",
         )
 
     def test_same_reduced_value_twice_is_kept(self):
@@ -223,7 +182,7 @@ wait_tensor_default_3 = wait_tensor.default(all_reduce_default_3)
 all_reduce_default_2 = all_reduce.default(c, 'sum', '7')
 wait_tensor_default_2 = wait_tensor.default(all_reduce_default_2)
 add_tensor_1 = add.Tensor(wait_tensor_default_3, wait_tensor_default_2)
-return (add_tensor_1, wait_tensor_default_3)""",
+return [add_tensor_1, wait_tensor_default_3]""",
         )
 
     # -- legality 4: same dtype and shape (no broadcasting, no promotion) -----------------
@@ -335,5 +294,5 @@ add_tensor_3 = add.Tensor(b, c)
 all_reduce_default_3 = all_reduce.default(add_tensor_3, 'sum', '7')
 wait_tensor_default_3 = wait_tensor.default(all_reduce_default_3)
 add_tensor_4 = add.Tensor(add_tensor, wait_tensor_default_3)
-return (add_tensor_4, add_tensor)""",
+return [add_tensor_4, add_tensor]""",
         )

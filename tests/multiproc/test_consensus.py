@@ -3,25 +3,23 @@ in-memory store (the protocol only reads and writes store keys)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import pytest
 import torch.distributed as dist
 
-from redist_opt.runtime import consensus
+from redist_opt.runtime import consensus, store_round
 
 
 class _PerRank:
     """Each thread (rank) its own count of rounds, as each process has its own."""
 
     def __init__(self, local):
-        self.local, self.counts = local, consensus.collections.Counter()
+        self.local, self.by_rank = local, collections.defaultdict(store_round.Rounds)
 
-    def __getitem__(self, key):
-        return self.counts[(self.local.rank, key)]
-
-    def __setitem__(self, key, value):
-        self.counts[(self.local.rank, key)] = value
+    def next_key(self, subject):
+        return self.by_rank[self.local.rank].next_key(subject)
 
 
 @pytest.fixture
@@ -101,7 +99,7 @@ def test_a_rank_that_cannot_read_its_profile_is_named():
         consensus._raise_if_different(facts)
 
 
-def test_simulated_ranks_need_no_agreement():
+def test_the_fake_backend_needs_no_agreement():
     # the test suite's fake backend runs every rank in one process
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -109,3 +107,37 @@ def test_simulated_ranks_need_no_agreement():
         pytest.skip("no process group in this pytest process")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     assert not consensus.needs_agreement(mesh)
+
+
+def test_simulated_ranks_need_no_agreement(monkeypatch):
+    """Under LocalTensorMode one process simulates every rank, so no round is asked even
+    where the group's backend is one whose ranks are processes (here gloo, as reported)."""
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        pytest.skip("no process group in this pytest process")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    monkeypatch.setattr(consensus.dist, "get_backend", lambda *args: "gloo")
+    assert consensus.needs_agreement(mesh)  # outside the mode: separate processes, which must agree
+    with LocalTensorMode(dist.get_world_size()):
+        assert not consensus.needs_agreement(mesh)
+
+
+def test_an_agreed_mesh_is_not_kept_alive():
+    import gc
+    import weakref
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from redist_opt.ir.mesh import MeshSpec
+
+    if not dist.is_initialized():
+        pytest.skip("no process group in this pytest process")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    consensus.check_planning_inputs(mesh, MeshSpec.from_device_mesh(mesh))
+    assert id(mesh) in consensus._agreed_meshes  # the next check is one lookup
+    ref = weakref.ref(mesh)
+    del mesh
+    gc.collect()
+    assert ref() is None

@@ -13,17 +13,23 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from support import gloo_worker
-from torch.distributed.elastic.utils.distributed import get_free_port
+
+from redist_opt.tools.spawn import on_a_free_port
 
 TIMEOUT_S = 300
 
 
 def spawn_and_join(worker, nprocs: int, timeout_s: float = TIMEOUT_S) -> None:
     """Run ``worker(rank, port)`` on ``nprocs`` spawned processes; fail on any child's
-    exception (with its traceback) or when they do not finish in time."""
+    exception (with its traceback) or when they do not finish in time. A port taken
+    before rank 0's store bound it is retried on another."""
+    on_a_free_port(lambda port: _spawn_on(port, worker, nprocs, timeout_s))
+
+
+def _spawn_on(port: int, worker, nprocs: int, timeout_s: float) -> None:
     ctx = mp.start_processes(
         worker,
-        args=(get_free_port(),),
+        args=(port,),
         nprocs=nprocs,
         join=False,
         start_method="spawn",

@@ -14,7 +14,7 @@ from redist_opt.passes import ReduceScatterCreator
 
 P = ReduceScatterCreator
 
-UNEVEN_CREATE = """\
+UNEVEN = """\
 redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 6, 4), float32
 mesh flattened=[i+t]
 %x : (2, 6, 4)
@@ -62,18 +62,6 @@ step 2 over m: R -> S(1), logical=(8, 6, 4)
   %select_chunk = select_chunk(%all_reduce, 1, 2, c_m) : (2, chunk(3,2,c_m), 4)
 return %select_chunk
 """
-UNEVEN = """\
-redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 6, 4), float32
-mesh flattened=[i+t]
-%x : (2, 6, 4)
-step 1 over r: P -> S(1), logical=(8, 6, 4)
-  %reduce_scatter = reduce_scatter(%x, {r 2:8}, 'sum', 1) : (2, 3, 4)
-step 0 over m: P -> R, logical=(8, 6, 4)
-  %all_reduce = all_reduce(%reduce_scatter, {m 2:4}, 'sum') : (2, 3, 4)
-step 2 over m: R -> S(1), logical=(8, 6, 4)
-  %select_chunk = select_chunk(%all_reduce, 1, 2, c_m) : (2, chunk(3,2,c_m), 4)
-return %select_chunk
-"""
 # DTensor's own order: all_reduce(m), reduce_scatter(r), chunk(m)
 NOT_REORDERED = """\
 redistribute [P, P, S(0), S(0)] -> [S(1), S(1), S(0), S(0)] on mesh (r=2,m=2,i=2,t=2), shape (8, 8, 4), float32
@@ -102,7 +90,7 @@ return %select_chunk
 
 class TestReduceScatterCreator(expecttest.TestCase):
     def test_all_reduce_and_chunk_fold_into_one_uneven_reduce_scatter(self):
-        after = run_pass(UNEVEN_CREATE, P, groups="create")
+        after = run_pass(UNEVEN, P, groups="create")
         self.assertExpectedInline(
             after,
             """\
@@ -115,7 +103,7 @@ step 1 over r+m: P -> S(1), logical=(2, 6, 4)
   %narrow = narrow(%reduce_scatter, 1, 0, chunk(3,2,c_m)) : (2, chunk(3,2,c_m), 4)  # <- %reduce_scatter, %all_reduce
 return %narrow""",
         )
-        assert parse_ir(UNEVEN_CREATE).bytes_per_rank == 288 and parse_ir(after).bytes_per_rank == 256
+        assert parse_ir(UNEVEN).bytes_per_rank == 288 and parse_ir(after).bytes_per_rank == 256
 
     def test_standalone_when_even(self):
         # no r+m group: the all_reduce + chunk alone becomes a reduce_scatter (dim 1: 8 -> 4 -> 2)

@@ -18,7 +18,7 @@ from support.paths import ROOT
 from redist_opt.ir.cost import KINDS, CostModel
 from redist_opt.tools.bench import format_wall, planning_bench, wall_bench
 from redist_opt.tools.cli import main
-from redist_opt.tools.spawn import SpawnError, run_ranks
+from redist_opt.tools.spawn import PORT_TRIES, SpawnError, on_a_free_port, run_ranks
 
 pytestmark = pytest.mark.xdist_group("bench")  # the profile fixture calibrates on 4 gloo ranks
 
@@ -213,3 +213,35 @@ def test_run_ranks_times_out():
     with pytest.raises(SpawnError, match=r"ranks \[0, 1\] of 2 did not report within 10s"):
         run_ranks(_hang, 2, (600,), timeout=10)
     assert time.monotonic() - start < 60  # the hanging ranks were terminated, not waited for
+
+
+def test_a_taken_port_is_retried_on_another_and_other_failures_are_not():
+    ports = []
+
+    def port_taken_once(port):
+        ports.append(port)
+        if len(ports) == 1:
+            raise SpawnError(
+                "rank 0 of 2 failed: DistNetworkError: ... failed to listen ... (errno: 98 - EADDRINUSE)"
+            )
+        return "ran"
+
+    assert on_a_free_port(port_taken_once) == "ran" and len(ports) == 2
+
+    def always_taken(port):
+        ports.append(port)
+        raise SpawnError("EADDRINUSE")
+
+    ports.clear()
+    with pytest.raises(SpawnError):
+        on_a_free_port(always_taken)
+    assert len(ports) == PORT_TRIES
+
+    def boom(port):
+        ports.append(port)
+        raise SpawnError("rank 1 of 2 failed: boom")
+
+    ports.clear()
+    with pytest.raises(SpawnError, match="boom"):
+        on_a_free_port(boom)
+    assert len(ports) == 1
