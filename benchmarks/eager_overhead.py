@@ -23,9 +23,9 @@ another's):
 3. ``handback``: the same interleaved per-call timing for calls redist_opt hands
    back to torch's own function (``redistribute_local_tensor`` called as torch's
    test helpers call it: the graph-based planner requested, a non-default shard
-   order, and an uneven gather pair that
-   torch 2.13 merges wrongly, run with its merge pass off). Target: the ratio
-   routed / torch is 1 (no change), or below 1 where the merge pass is turned off.
+   order, and an uneven gather pair that torch 2.13 merges wrongly, run with its
+   merge pass off). Target: the ratio routed / torch is 1 (no change), or below 1
+   where the merge pass is turned off.
 4. ``sympy``: Python calls into sympy during 200 cached routed calls (target 0).
 
 The numbers depend on the machine's load: run it on a quiet machine. It runs
