@@ -1,8 +1,8 @@
 """What redist_opt's eager path costs on top of torch's: a benchmark, not a test.
 
-    python benchmarks/eager_overhead.py [--part enter|calls|sympy|all] [--rounds N] [--json PATH]
+    python benchmarks/eager_overhead.py [--part enter|calls|handback|sympy|all] [--rounds N] [--json PATH]
 
-Three measurements, each in a fresh process (so one part's imports do not load
+Four measurements, each in a fresh process (so one part's imports do not load
 another's):
 
 1. ``enter``: entering and leaving an empty ``with redist_opt.enabled():`` block,
@@ -20,7 +20,13 @@ another's):
    reported with a bootstrap 95% interval, separately for transitions where our
    plan issues as many collectives as torch's (target <= 1.05x) and where it
    issues fewer (target <= 1.0x). "no change" when the interval contains 1.
-3. ``sympy``: Python calls into sympy during 200 cached routed calls (target 0).
+3. ``handback``: the same interleaved per-call timing for calls redist_opt hands
+   back to torch's own function (``redistribute_local_tensor`` called as torch's
+   test helpers call it: the graph-based planner requested, a non-default shard
+   order, and an uneven gather pair that torch 2.13 merges wrongly, run with its
+   merge pass off). Target: the ratio routed / torch is 1 (no change), or below 1
+   where the merge pass is turned off.
+4. ``sympy``: Python calls into sympy during 200 cached routed calls (target 0).
 
 The numbers depend on the machine's load: run it on a quiet machine. It runs
 against whichever redist_opt is first on ``sys.path`` (``PYTHONPATH=<checkout>``),
@@ -201,7 +207,87 @@ def measure_calls(rounds: int, batch: int) -> dict:
     return {"rows": rows, "groups": groups, "rounds": rounds, "batch": batch}
 
 
-# -- 3. sympy calls on cached calls ---------------------------------------------------------
+# -- 3. calls handed back to torch ---------------------------------------------------------
+
+
+def _handback_setup():
+    """(label, local tensor, current spec, target spec, use_graph_based_transform) of
+    calls redist_opt hands back, on _setup's mesh (rank 0 of 8, a+c flattened)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry, TensorMeta
+
+    mesh, _ = _setup()
+    R, S0, S1 = Replicate(), Shard(0), Shard(1)
+    rows = [
+        ("S(0),S(0),S(0) -> R,R,R graph-based", (64, 32), (S0, S0, S0), None, True),
+        ("S(0)[b]S(0)[a],R -> R,R,R order", (64, 32), (S0, S0, R), (ShardOrderEntry(0, (1, 0)),), None),
+        ("S(1),R,S(1) -> R,R,R uneven merge", (64, 30), (S1, R, S1), None, True),
+    ]
+    cases = []
+    for label, shape, src, order, graph_based in rows:
+        meta = TensorMeta(torch.Size(shape), (shape[1], 1), torch.float32)
+        current = DTensorSpec(mesh, src, meta, shard_order=order)
+        target = DTensorSpec(mesh, (R, R, R), meta)
+        local = torch.randn(shape)
+        for d, p in enumerate(src):  # rank 0's piece: chunk 0 of every sharded dim
+            if p.is_shard():
+                local = local.chunk(mesh.size(d), p.dim)[0]
+        cases.append((label, local.contiguous(), current, target, graph_based))
+    return cases
+
+
+def _handback_batch(local, current, target, graph_based, n: int) -> float:
+    import torch.distributed.tensor._redistribute as torch_redistribute
+
+    t0 = time.perf_counter()
+    for _ in range(n):  # looked up per call, as torch's callers do: routed inside enabled()
+        torch_redistribute.redistribute_local_tensor(
+            local, current, target, use_graph_based_transform=graph_based
+        )
+    return time.perf_counter() - t0
+
+
+def measure_handback(rounds: int, batch: int) -> dict:
+    import warnings
+
+    import redist_opt
+
+    warnings.simplefilter("ignore")  # the one-time "using torch's redistribute" warnings
+    rows = []
+    for label, local, current, target, graph_based in _handback_setup():
+        args = (local, current, target, graph_based)
+        with redist_opt.enabled():
+            _handback_batch(*args, batch)  # warm: torch's plan cache and ours
+        _handback_batch(*args, batch)
+        ratios, t_torch, t_ours = [], [], []
+        for r in range(rounds):
+            order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
+            times = {}
+            for mode in order:
+                if mode == "ours":
+                    with redist_opt.enabled():
+                        times[mode] = _handback_batch(*args, batch)
+                else:
+                    times[mode] = _handback_batch(*args, batch)
+            ratios.append(times["ours"] / times["torch"])
+            t_torch.append(times["torch"] / batch)
+            t_ours.append(times["ours"] / batch)
+        lo, hi = _bootstrap(ratios)
+        rows.append(
+            {
+                "transition": label,
+                "torch_us": statistics.median(t_torch) * 1e6,
+                "ours_us": statistics.median(t_ours) * 1e6,
+                "median": statistics.median(ratios),
+                "ci95": [lo, hi],
+                "spread": [min(ratios), max(ratios)],
+            }
+        )
+    return {"rows": rows, "rounds": rounds, "batch": batch}
+
+
+# -- 4. sympy calls on cached calls ---------------------------------------------------------
 
 
 def measure_sympy(calls: int = 200) -> dict:
@@ -274,6 +360,20 @@ def _report(results: dict) -> None:
             )
     elif calls:
         print(f"per call: not measured: {calls['error']}")
+    handback = results.get("handback")
+    if handback and "error" not in handback:
+        print(
+            f"\nhanded-back calls, {handback['rounds']} interleaved rounds x {handback['batch']} calls"
+            " (ratio routed / torch, median [bootstrap 95% CI] (min-max of rounds)):"
+        )
+        for row in handback["rows"]:
+            print(
+                f"  {row['transition']:36} torch {row['torch_us']:7.1f} us  ours {row['ours_us']:7.1f} us"
+                f"  ratio {row['median']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]"
+                f" ({row['spread'][0]:.2f}-{row['spread'][1]:.2f})"
+            )
+    elif handback:
+        print(f"handed-back calls: not measured: {handback['error']}")
     sym = results.get("sympy")
     if sym:
         print(
@@ -283,7 +383,7 @@ def _report(results: dict) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", default="all", choices=["enter", "calls", "sympy", "all"])
+    ap.add_argument("--part", default="all", choices=["enter", "calls", "handback", "sympy", "all"])
     ap.add_argument("--setting", default="torch", choices=ENTER_SETTINGS, help="imports for --part enter")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--batch", type=int, default=50)
@@ -295,6 +395,8 @@ def main(argv=None) -> None:
             res = measure_enter(args.setting)
         elif args.part == "calls":
             res = measure_calls(args.rounds, args.batch)
+        elif args.part == "handback":
+            res = measure_handback(args.rounds, args.batch)
         else:
             res = measure_sympy()
         print(json.dumps(res))
@@ -307,6 +409,10 @@ def main(argv=None) -> None:
     if args.part in ("calls", "all"):
         results["calls"] = _in_subprocess(
             ["--part", "calls", "--rounds", str(args.rounds), "--batch", str(args.batch)]
+        )
+    if args.part in ("handback", "all"):
+        results["handback"] = _in_subprocess(
+            ["--part", "handback", "--rounds", str(args.rounds), "--batch", str(args.batch)]
         )
     if args.part in ("sympy", "all"):
         results["sympy"] = _in_subprocess(["--part", "sympy"])

@@ -9,7 +9,8 @@ the path of your copy (e.g. pytorch's test/distributed/tensor/test_redistribute.
     python tests/run_torch_tests.py --mode routed /work/torchtests/test_redistribute.py::RedistributeTest -q
 
 ``--groups`` picks enabled()'s policy. Newer test files may import helpers torch
-2.13 lacks; ``_assert_no_mixed_partial_types`` gets a no-op stand-in.
+2.13 lacks: ``_assert_no_mixed_partial_types`` gets a no-op stand-in and
+``MaskPartial`` is bound to 2.13's ``_MaskPartial``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ try:  # lets newer test files import on torch 2.13
     import torch.distributed.tensor._redistribute as _r
     if not hasattr(_r, "_assert_no_mixed_partial_types"):
         _r._assert_no_mixed_partial_types = lambda *a, **k: None
+except Exception:
+    pass
+try:  # newer files import the public name of the vocab-parallel partial
+    import torch.distributed.tensor.placement_types as _pt
+    if not hasattr(_pt, "MaskPartial"):
+        _pt.MaskPartial = _pt._MaskPartial
 except Exception:
     pass
 """

@@ -115,5 +115,6 @@ def clear_caches() -> None:
         clear()
 
 
-# What else clear_caches() clears (api.eager registers its cache of cached calls).
+# What else clear_caches() clears (api.eager registers its cache of cached calls,
+# api.routing its cache of hand-back decisions).
 CLEAR_HOOKS: list = []

@@ -15,21 +15,25 @@ kept elsewhere still works outside every block: it calls torch's function.
 Cost. Entering and leaving a block costs the same whatever the number of
 modules loaded: the bindings are kept in a registry (``runtime.bindings``) and
 only modules imported since the last block are scanned. A routed call seen
-before (same specs, dtype and options) runs from ``eager.cached_runner``: torch's
-own function where our plan is torch's, else a program specialized to this rank.
+before (same specs, dtype and options) runs from ``eager.cached_runner``: a
+program specialized to this rank. A call handed back to torch before (same specs
+and ``use_graph_based_transform``) finds that decision with one lookup and runs
+torch's function: none of our checks run again, so it costs what torch's call costs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt.api import costs as api_costs
-from redist_opt.api import eager
+from redist_opt.api import eager, planning
 from redist_opt.api.errors import as_torch_error, warn_once
+from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import bindings
@@ -132,10 +136,22 @@ def routed_redistribute_local_tensor(
             is_explicit=is_explicit,
             **torch_only,
         )
-    if use_graph_based_transform is None and not torch_only and not OBSERVERS:
-        run = eager.cached_runner(local_tensor, current_spec, target_spec, options)
-        if run is not None:  # a call seen before: one lookup, then torch's function or our program
-            return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
+    if not torch_only and not OBSERVERS:
+        if use_graph_based_transform is None:
+            run = eager.cached_runner(local_tensor, current_spec, target_spec, options)
+            if run is not None:  # a call seen before: one lookup, then torch's function or our program
+                return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
+        handed_back = _handed_back_before(current_spec, target_spec, use_graph_based_transform)
+        if handed_back is not None:  # handed back before: one lookup, then torch's own call
+            return _run_torch(
+                handed_back.merge_off,
+                local_tensor,
+                current_spec,
+                target_spec,
+                async_op,
+                use_graph_based_transform,
+                is_explicit,
+            )
     return _first_call(
         local_tensor,
         current_spec,
@@ -148,6 +164,29 @@ def routed_redistribute_local_tensor(
     )
 
 
+def _run_torch(
+    merge_off,
+    local_tensor,
+    current_spec,
+    target_spec,
+    async_op,
+    use_graph_based_transform,
+    is_explicit,
+    **rest,
+):
+    """torch's own call; with its merge pass off where the input hits its uneven merge bug."""
+    with tdt.reference_semantics() if merge_off else contextlib.nullcontext():
+        return tdt.TORCH_REDISTRIBUTE_LOCAL(
+            local_tensor,
+            current_spec,
+            target_spec,
+            async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform,
+            is_explicit=is_explicit,
+            **rest,
+        )
+
+
 def _first_call(
     local_tensor,
     current_spec,
@@ -158,29 +197,27 @@ def _first_call(
     is_explicit,
     torch_only,
 ):
-    """A routed call not found by ``cached_runner``: decide, warn, record, plan and run it."""
-
-    def torch_fn():
-        return tdt.TORCH_REDISTRIBUTE_LOCAL(
-            local_tensor,
-            current_spec,
-            target_spec,
-            async_op=async_op,
-            use_graph_based_transform=use_graph_based_transform,
-            is_explicit=is_explicit,
-            **torch_only,
-        )
-
+    """A routed call not found by ``cached_runner`` or ``_handed_back_before``: decide,
+    warn, record, plan and run it."""
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
     if OBSERVERS:
         for observer in tuple(OBSERVERS):
             observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
-        if tdt.hits_uneven_all_gather_merge(current_spec, target_spec):
-            with tdt.reference_semantics():  # torch's merge pass is wrong for this input
-                return torch_fn()
-        return torch_fn()
+        merge_off = tdt.hits_uneven_all_gather_merge(current_spec, target_spec, use_graph_based_transform)
+        if not torch_only:
+            _remember_hand_back(current_spec, target_spec, use_graph_based_transform, merge_off)
+        return _run_torch(
+            merge_off,
+            local_tensor,
+            current_spec,
+            target_spec,
+            async_op,
+            use_graph_based_transform,
+            is_explicit,
+            **torch_only,
+        )
     summary = (
         f"redist_opt {placements_str(current_spec.placements)} -> {placements_str(target_spec.placements)}"
     )
@@ -191,6 +228,54 @@ def _first_call(
             )
         except RedistributeError as ours:
             raise as_torch_error(ours, local_tensor, current_spec, target_spec) from None
+
+
+# -- calls handed back to torch ---------------------------------------------------------
+
+# (current spec, target spec, use_graph_based_transform, under LocalTensorMode) -> _HandBack.
+# Whether a call is handed back, and whether it hits torch's uneven merge bug, depend
+# only on these (and on the mesh's flattened meshes, checked per call like
+# ``eager.cached_runner``): a call seen before reruns none of the checks.
+_handed_back: dict = {}
+_HANDED_BACK_LIMIT = 65536
+
+
+class _HandBack:
+    __slots__ = ("mesh_ref", "root", "flattened", "merge_off")
+
+    def __init__(self, device_mesh, merge_off: bool) -> None:
+        self.mesh_ref = weakref.ref(device_mesh)
+        self.root = L.root_mesh(device_mesh)
+        self.flattened = L.flattened_count(self.root)
+        self.merge_off = merge_off
+
+
+def _hand_back_key(current_spec, target_spec, use_graph_based_transform):
+    return (current_spec, target_spec, use_graph_based_transform, tdt.local_tensor_mode() is not None)
+
+
+def _handed_back_before(current_spec, target_spec, use_graph_based_transform) -> _HandBack | None:
+    try:
+        hit = _handed_back.get(_hand_back_key(current_spec, target_spec, use_graph_based_transform))
+    except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
+        return None
+    if hit is None or hit.mesh_ref() is not current_spec.mesh or hit.flattened != L.flattened_count(hit.root):
+        return None
+    return hit
+
+
+def _remember_hand_back(current_spec, target_spec, use_graph_based_transform, merge_off: bool) -> None:
+    try:
+        key = _hand_back_key(current_spec, target_spec, use_graph_based_transform)
+        hash(key)
+    except TypeError:
+        return
+    if len(_handed_back) > _HANDED_BACK_LIMIT:
+        _handed_back.clear()
+    _handed_back[key] = _HandBack(current_spec.mesh, merge_off)
+
+
+planning.CLEAR_HOOKS.append(_handed_back.clear)
 
 
 def _unlowered_reduce_op(current_spec, target_spec) -> str | None:

@@ -82,6 +82,7 @@ __all__ = [
     "map_per_rank",
     "per_rank_tensors",
     "int_on_rank",
+    "ints_on_every_rank",
     "is_mask_partial",
     "mask_partition",
     "apply_and_release_mask",
@@ -268,16 +269,30 @@ def apply_and_release_mask(placement, local_tensor) -> None:
     placement.mask_buffer.release_mask()
 
 
-def hits_uneven_all_gather_merge(current: DTensorSpec, target: DTensorSpec) -> bool:
+def hits_uneven_all_gather_merge(
+    current: DTensorSpec, target: DTensorSpec, use_graph_based_transform: bool | None = None
+) -> bool:
     """Whether torch 2.13's merge pass (``_optimize_transform_infos``) would merge
     all_gathers of an unevenly sharded tensor dim into one flattened all_gather,
     which it does wrongly (it checks evenness for reduce_scatter only; fixed upstream
     in pytorch PR 194457): consecutive ``Shard(d) -> Replicate`` steps in descending
-    mesh dim order, a flattened mesh over their dims, and the outermost logical size
-    of ``d`` not divisible by the product of their sizes."""
+    mesh dim order, a flattened mesh over their dims, and the logical size of ``d``
+    at the outermost of them (the size torch pads the merged gather by) not
+    divisible by the product of their sizes.
+
+    The steps are torch's own for this call (``use_graph_based_transform`` as the
+    caller passed it), read from torch's plan cache as its redistribute does, so the
+    call that follows finds them planned. Under LocalTensorMode the logical size is
+    one value per simulated rank: uneven on any rank is a hit (the merge pass is then
+    off for every rank, which is correct for all). A symbolic size (dynamic shapes)
+    cannot be checked: a hit, so torch's unmerged plan runs, right for every size."""
     try:
-        with reference_semantics():
-            infos = _torch_redistribute._gen_transform_infos_non_cached(current, target)
+        if _funcol_are_we_tracing():  # torch plans uncached while tracing: so do we
+            infos = _torch_redistribute._gen_transform_infos_non_cached(
+                current, target, use_graph_based_transform
+            )
+        else:  # positional, as torch's redistribute calls it: one cache entry for both
+            infos = _torch_redistribute._gen_transform_infos(current, target, use_graph_based_transform)
     except Exception:  # noqa: BLE001 - torch will raise its own error when it runs
         return False
     mesh = current.mesh
@@ -288,20 +303,19 @@ def hits_uneven_all_gather_merge(current: DTensorSpec, target: DTensorSpec) -> b
             while j < len(infos) and infos[j].src_dst_placements == infos[i].src_dst_placements:
                 j += 1
         run = infos[i:j]
-        if len(run) > 1:
-            dims = tuple(r.mesh_dim for r in run)
-            tdim = run[0].src_dst_placements[0].dim
-            size = max(r.logical_shape[tdim] for r in run)
-            n = 1
-            for d in dims:
-                n *= mesh.size(d)
-            if (
-                dims == tuple(sorted(dims, reverse=True))
-                and _torch_redistribute._get_flattened_mesh_by_layout(mesh, tuple(sorted(dims))) is not None
-                and size % n != 0
-            ):
-                return True
         i = j
+        dims = tuple(r.mesh_dim for r in run)
+        if len(run) < 2 or dims != tuple(sorted(dims, reverse=True)):
+            continue
+        if _torch_redistribute._get_flattened_mesh_by_layout(mesh, tuple(sorted(dims))) is None:
+            continue
+        n = 1
+        for d in dims:
+            n *= mesh.size(d)
+        outermost = run[-1]  # the smallest mesh dim: its logical shape is the merged gather's
+        sizes = ints_on_every_rank(outermost.logical_shape[outermost.src_dst_placements[0].dim])
+        if sizes is None or any(size % n for size in sizes):
+            return True
     return False
 
 
@@ -430,3 +444,17 @@ def int_on_rank(c, rank: int) -> int:
             return int(values[rank])
         return int(node.maybe_as_int() if hasattr(node, "maybe_as_int") else node.int_())
     return int(c)
+
+
+def ints_on_every_rank(c) -> tuple[int, ...] | None:
+    """The values of a size on every rank: one for an int or a constant SymInt, one per
+    simulated rank for LocalTensorMode's per-rank SymInt; None when it is symbolic
+    (dynamic shapes), where no rank has a value yet."""
+    if isinstance(c, torch.SymInt):
+        node = c.node
+        values = getattr(node, "_local_ints", None)
+        if values is not None:
+            return tuple(int(v) for v in values.values())
+        value = node.maybe_as_int() if hasattr(node, "maybe_as_int") else None
+        return None if value is None else (int(value),)
+    return (int(c),)

@@ -18,7 +18,7 @@ from support.dtensor_values import assert_same_locals as _assert_same
 from support.dtensor_values import partial_input as _partial_input
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, ShardOrderEntry
 from torch.distributed.tensor._redistribute import Redistribute, use_min_cost_redistribution_plan
 from torch.distributed.tensor.debug import CommDebugMode
@@ -275,3 +275,46 @@ def test_non_default_shard_order_under_the_min_cost_flag_is_handed_back(monkeypa
         assert len(reasons) == 1 and "non-default shard order" in reasons[0]
         for r in range(4):
             assert torch.equal(out._local_tensors[r], expected._local_tensors[r]), r
+
+
+@pytest.mark.parametrize("size", [3, 9])
+def test_hand_back_with_rank_dependent_sizes_is_decided_once(monkeypatch, size):
+    # The graph-based planner requested (torch's make_full_tensor test helper does):
+    # handed back. S(1),S(1),S(1) -> S(1),R,R on 2x2x2 with b+c flattened: torch
+    # gathers over c, then b, and its merge pass joins the two over b_c, padding by
+    # dim 1's size after mesh dim a's split. Under LocalTensorMode that size is one
+    # value per rank: 2 or 1 for size 3 (and c's size, 1 or 0, does not order against
+    # it the same way on every rank), 5 or 4 for size 9 (uneven on the a=0 ranks
+    # only). Uneven on some rank: the merge pass is off for the call, decided once.
+    decisions = []
+    real_check = tdt.hits_uneven_all_gather_merge
+
+    def counted(*args):
+        decisions.append(real_check(*args))
+        return decisions[-1]
+
+    monkeypatch.setattr(tdt, "hits_uneven_all_gather_merge", counted)
+    with LocalTensorMode(8) as lm:
+        mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b", "c"))
+        mesh["b", "c"]._flatten("b_c")
+        full = torch.arange(4 * size, dtype=torch.float32).reshape(4, size)
+        dt = distribute_tensor(full, mesh, [Shard(1)] * 3)
+        current = dt._spec
+        target = DTensorSpec(mesh, (Shard(1), Replicate(), Replicate()), current.tensor_meta)
+        with tdt.reference_semantics():
+            expected = tdt.TORCH_REDISTRIBUTE_LOCAL(
+                dt._local_tensor, current, target, use_graph_based_transform=True
+            )
+        torch_module = importlib.import_module("torch.distributed.tensor._redistribute")
+        with redist_opt.enabled(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs = [
+                torch_module.redistribute_local_tensor(
+                    dt._local_tensor, current, target, use_graph_based_transform=True
+                )
+                for _ in range(3)
+            ]
+        assert decisions == [True]
+        for out in outs:
+            for r in lm.ranks:
+                assert torch.equal(out._local_tensors[r], expected._local_tensors[r]), r

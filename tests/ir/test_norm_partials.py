@@ -333,6 +333,40 @@ def test_uneven_all_gather_merge_detection(flatten, shape, hits):
         assert tdt.hits_uneven_all_gather_merge(dst, dst) is False
 
 
+@pytest.mark.parametrize("size, hits", [(9, True), (8, False), (3, True)])
+def test_uneven_all_gather_merge_detection_with_per_rank_sizes(size, hits):
+    # S(1),S(1),S(1) -> S(1),R,R on 2x2x2 with b+c flattened: the gathers over c and b
+    # merge over b_c, padded by dim 1's size after a's split, one value per simulated
+    # rank: (5, 4) for 9 (uneven on the a=0 ranks: a hit), (4, 4) for 8 (even), (2, 1)
+    # for 3, where the sizes of c and b do not order the same way on every rank.
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    from redist_opt.runtime import torch_dtensor as tdt
+
+    ensure_fake_pg()
+    with LocalTensorMode(8):
+        mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b", "c"))
+        mesh["b", "c"]._flatten("b_c")
+        meta = TensorMeta(torch.Size((4, size)), (size, 1), torch.float32)
+        src = DTensorSpec(mesh, (Shard(1),) * 3, tensor_meta=meta)
+        dst = DTensorSpec(mesh, (Shard(1), Replicate(), Replicate()), tensor_meta=meta)
+        for graph_based in (None, True):
+            assert tdt.hits_uneven_all_gather_merge(src, dst, graph_based) is hits
+
+
+def test_sizes_on_every_rank():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from redist_opt.runtime import torch_dtensor as tdt
+
+    ensure_fake_pg()
+    assert tdt.ints_on_every_rank(6) == (6,)
+    with LocalTensorMode(4) as lm:
+        per_rank = lm.rank_map(lambda r: torch.zeros(r + 1)).shape[0]
+        assert tdt.ints_on_every_rank(per_rank) == (1, 2, 3, 4)
+    assert tdt.ints_on_every_rank(ShapeEnv().create_unbacked_symint()) is None
+
+
 def test_hand_back_warns_once_per_reason_naming_the_planner():
     # A _StridedShard whose shard order is reordered (not a gather out of it) is
     # still handed back: torch's min-cost planner picks that path.
