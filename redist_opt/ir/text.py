@@ -11,7 +11,7 @@ below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, 
     step 1 over b: P -> S(0), logical=(8, 4)
       %reduce_scatter = reduce_scatter(%x, {b 2:2}, 'sum', 0) : (4, 4)
     step 0 over a+c: P -> R, logical=(8, 4)
-      %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum')  # <- %all_reduce, %all_reduce_1
+      %all_reduce = all_reduce(%reduce_scatter, {a+c (2,2):(4,1)}, 'sum') : (4, 4)  # <- %all_reduce, %all_reduce_1
     return %all_reduce
 
 * Line 1 is the request (what ``str(plan)`` starts with): source and destination
