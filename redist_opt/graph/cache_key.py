@@ -24,7 +24,6 @@ whatever else decides the graph after it:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import inspect
@@ -112,10 +111,9 @@ def _class_key(cls) -> list:
 
 
 def _context_key(ctx) -> dict:
-    spec = ctx.spec
-    fields = {}
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        # sets print in hash order, which differs between processes
-        fields[f.name] = sorted(map(repr, value)) if isinstance(value, (set, frozenset)) else repr(value)
-    return {"spec": fields, "coord": list(ctx.coord), "ranks": ctx.rank_map, "scope": list(ctx.scope_dims)}
+    return {
+        "spec": dict(ctx.spec.canonical()),
+        "coord": list(ctx.coord),
+        "ranks": ctx.rank_map,
+        "scope": list(ctx.scope_dims),
+    }

@@ -103,6 +103,10 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
         meshes = [meshes]
     facts = {id(m): f for m in meshes if (f := _facts(m)) is not None}  # a view whose root is gone: skipped
     meshes = [m for m in meshes if id(m) in facts]
+    if not given:
+        # The garbage collector lists objects in an order that changes as they age and
+        # differs between ranks; the first mesh of a view names its context.
+        meshes.sort(key=lambda m: _view_order(m, facts[id(m)]))
     live = meshes
     if given and any(facts[id(m)].root_dims is None for m in meshes):
         live = live_meshes()
@@ -160,9 +164,21 @@ def _context(contexts: dict, mesh, facts: MeshFacts | None, *, given: bool) -> M
     return ctx
 
 
+# Both orders are total on what a mesh means (its spec, ranks and root's groups), so
+# they are the same on every rank and on every call, whatever order the meshes came in.
+
+
 def _view_order(m, f: MeshFacts) -> tuple:
     sizes = f.spec.sizes
-    return (-len(sizes), -sum(s > 1 for s in sizes), tuple(sizes), f.spec.names or (), repr(m.mesh.tolist()))
+    return (
+        -len(sizes),
+        -sum(s > 1 for s in sizes),
+        tuple(sizes),
+        f.spec.names or (),
+        repr(m.mesh.tolist()),
+        f.spec.canonical(),
+        L.root_group_names(m),
+    )
 
 
 def _context_order(c: MeshContext) -> tuple:
@@ -173,6 +189,8 @@ def _context_order(c: MeshContext) -> tuple:
         c.spec.sizes,
         c.spec.names or (),
         repr(c.rank_map),
+        c.spec.canonical(),
+        L.root_group_names(c.device_mesh),
     )
 
 

@@ -233,6 +233,13 @@ def root_mesh(device_mesh):
     return device_mesh._get_root_mesh()
 
 
+def root_group_names(device_mesh) -> tuple[str, ...]:
+    """Names of the process groups of the root mesh's dims (empty before groups
+    exist): the same on every rank, and different for two roots over the same ranks,
+    so they tell such roots apart where ``id()`` (per process) cannot."""
+    return tuple(getattr(root_mesh(device_mesh), "_dim_group_names", None) or ())
+
+
 def flattened_meshes(device_mesh) -> dict:
     """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
     return dict(root_mesh(device_mesh)._flatten_mapping)

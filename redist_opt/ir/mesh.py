@@ -160,6 +160,16 @@ class MeshSpec:
         )
 
     # -- queries ------------------------------------------------------------
+    def canonical(self) -> tuple[tuple[str, object], ...]:
+        """Every field as ``(name, text)``, sets sorted: equal specs give equal values in
+        every process and on every rank (a set prints in hash order), so it orders
+        meshes deterministically and keys caches."""
+        return tuple(
+            (f.name, sorted(map(repr, value)) if isinstance(value, (set, frozenset)) else repr(value))
+            for f in dataclasses.fields(self)
+            for value in [getattr(self, f.name)]
+        )
+
     @property
     def ndim(self) -> int:
         return len(self.sizes)

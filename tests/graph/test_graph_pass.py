@@ -24,8 +24,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import redist_opt
+from redist_opt.api.specs import live_meshes
+from redist_opt.graph import mesh_groups
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.ir.layout import root_group_names
 
 pytestmark = pytest.mark.xdist_group(
     "graph_pass"
@@ -249,6 +252,25 @@ def test_custom_graph_pass_uuid_and_call(mesh3):
     p(gm.graph)  # Inductor calls it with a torch.fx.Graph
     assert p.results and p.results[0].chains
     assert isinstance(gm.graph, fx.Graph)
+
+
+def test_mesh_search_order_does_not_follow_the_order_meshes_are_found_in(mesh3, monkeypatch):
+    # Two roots over mesh3's ranks that differ only in which dims are flattened. The
+    # garbage collector lists live objects in an order that changes as they age (and
+    # differs between ranks); the search order and the pass's cache key must not follow it.
+    first = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
+    second = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
+    first["x", "y"]._flatten()
+    second["y", "z"]._flatten()
+    found = live_meshes()
+    orders, keys = [], []
+    for listed in (found, found[::-1]):
+        monkeypatch.setattr(mesh_groups, "live_meshes", lambda listed=listed: list(listed))
+        contexts = mesh_contexts(None)
+        orders.append([(c.spec.canonical(), root_group_names(c.device_mesh)) for c in contexts])
+        keys.append(RedistGraphPass().uuid())
+    assert orders[0] == orders[1]
+    assert keys[0] == keys[1]
 
 
 @pytest.mark.skipif(os.environ.get("REDIST_OPT_SKIP_INDUCTOR") == "1", reason="slow: C++ compile")
