@@ -32,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
         "that redist_opt.profile_steps measures over this many steps of each side (default 0: off)",
     )
     p.add_argument(
+        "--ablate",
+        action="append",
+        choices=wall.ABLATIONS,
+        metavar="KIND",
+        help="--wall: also time 'without KIND' per compiled compiler: redist_opt.backend with that one "
+        f"rewrite off (repeatable; one of {', '.join(wall.ABLATIONS)})",
+    )
+    p.add_argument(
         "--wall-compiler",
         action="append",
         choices=wall.COMPILERS,

@@ -17,6 +17,10 @@ warm-up steps (the compiles happen there); then rounds of one step per variant, 
 Afterwards every variant runs one step under the collective counter (the count shows
 each side ran its own graphs) and a few steps under the profiler (the communication share).
 
+With ``ablate`` naming rewrite kinds (:data:`ABLATIONS`), each compiled compiler gets one
+more side per kind, ``without <kind>``: ``redist_opt.backend`` with that one rewrite off,
+timed in the same rounds, so what each rewrite does to the step is measured inside it.
+
 With ``tune_steps`` > 0 each compiled compiler gets a third side, ``tuned``: after the
 warm-up, ``redist_opt.profile_steps`` measures ``tune_steps`` steps of torch's variant (the
 collectives as traced, which our rewrites replace) and as many of ours (the rewritten ones)
@@ -40,6 +44,8 @@ import redist_opt
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
 from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+from redist_opt.graph_pass import GraphRewrites
+from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.tools import wall_stats
 
 COMPILERS = ("eager", "inductor", "aot_eager")
@@ -49,13 +55,36 @@ PROFILE_STEPS = 3
 _COLLECTIVE_EVENT = "gloo:"
 
 
-def variant_names(compilers) -> list[str]:
-    """``eager/torch``, ``eager/ours``, ... in the order the rounds start with."""
-    return [f"{c}/{side}" for c in compilers for side in SIDES]
+# Rewrite kinds a ``without <kind>`` side turns off: each pass of the default pipeline (by
+# its name), the graph pass's own rewrites, and the whole graph pass.
+ABLATIONS = (
+    *(p.name for p in DEFAULT_PIPELINE),
+    "reassociate",
+    "combine",
+    "graph-pass",
+)
+
+
+def variant_names(compilers, ablate=()) -> list[str]:
+    """``eager/torch``, ``eager/ours``, ... in the order the rounds start with; the
+    ``without <kind>`` sides of the compiled compilers after their ``ours``."""
+    names = []
+    for c in compilers:
+        names += [f"{c}/{side}" for side in SIDES]
+        if c != "eager":
+            names += [f"{c}/without {kind}" for kind in ablate]
+    return names
 
 
 def run_wall(
-    rank: int, world: int, cfg: M.StepConfig, compilers: tuple, rounds: int, warmup: int, tune_steps: int = 0
+    rank: int,
+    world: int,
+    cfg: M.StepConfig,
+    compilers: tuple,
+    rounds: int,
+    warmup: int,
+    tune_steps: int = 0,
+    ablate: tuple = (),
 ) -> dict:
     """Spawned target: this rank's step times per variant, collectives per step, and the
     communication share of profiled steps."""
@@ -69,7 +98,7 @@ def run_wall(
     force_sum_reduction(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     blocks = list(model.layers.children())
-    impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers)}
+    impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers, ablate)}
     batches = batches_for(dims, 4)
     out: dict = {
         "rank": rank,
@@ -95,7 +124,7 @@ def run_wall(
         return time.perf_counter() - t0
 
     live = []
-    for name in variant_names(compilers):
+    for name in variant_names(compilers, ablate):
         try:
             for _ in range(warmup):
                 step(name)
@@ -150,8 +179,21 @@ def _compiled_impls(blocks: list, name: str) -> list:
     if side == "torch":
         backend = compiler
     else:
-        backend = redist_opt.backend() if compiler == "inductor" else redist_opt.backend(compiler)
+        backend = redist_opt.backend(compiler, **ablation_arguments(side.removeprefix("without ")))
     return [torch.compile(block._call_impl, backend=backend) for block in blocks]
+
+
+def ablation_arguments(kind: str) -> dict:
+    """``redist_opt.backend`` arguments that turn the rewrite ``kind`` off ("ours": none)."""
+    if kind == "ours":
+        return {}
+    if kind == "graph-pass":
+        return {"graph_pass": False}
+    if kind in ("reassociate", "combine"):
+        return {"rewrites": GraphRewrites(**{kind: False})}
+    if kind not in ABLATIONS:
+        raise ValueError(f"ablate={kind!r}: expected one of {', '.join(ABLATIONS)}")
+    return {"passes": [p for p in DEFAULT_PIPELINE if p.name != kind]}
 
 
 def _tuned_impls(blocks: list, compiler: str, step, cfg: M.StepConfig, tune_steps: int) -> list:

@@ -25,7 +25,15 @@ WALL_CONFIGS = (
 
 
 def run_wall_bench(
-    configs, compilers=COMPILERS, *, rounds: int, warmup: int, timeout: float, tune_steps: int = 0, log=print
+    configs,
+    compilers=COMPILERS,
+    *,
+    rounds: int,
+    warmup: int,
+    timeout: float,
+    tune_steps: int = 0,
+    ablate: tuple = (),
+    log=print,
 ) -> list:
     """Every config's :func:`summarize` result, one spawned job per config."""
     from redist_opt.tools.spawn import run_ranks
@@ -35,7 +43,10 @@ def run_wall_bench(
         t0 = time.monotonic()
         log(f"running {cfg.label} on {cfg.world} gloo ranks: {', '.join(compilers)}, {rounds} rounds ...")
         ranks = run_ranks(
-            run_wall, cfg.world, (cfg, tuple(compilers), rounds, warmup, tune_steps), timeout=timeout
+            run_wall,
+            cfg.world,
+            (cfg, tuple(compilers), rounds, warmup, tune_steps, tuple(ablate)),
+            timeout=timeout,
         )
         results.append(summarize(cfg, ranks))
         log(f"  done in {time.monotonic() - t0:.0f}s")
@@ -49,13 +60,18 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
     r0 = ranks[0]
     rows = []
     compilers = dict.fromkeys(name.split("/")[0] for name in [*r0["walls"], *r0["errors"]])
+    # ours, then the tuned and ``without <kind>`` sides, each against torch
+    names = [*r0["walls"], *r0["errors"]]
     sides = [(c, "ours") for c in compilers] + [
-        (c, "tuned") for c in compilers if f"{c}/tuned" in r0["walls"]
+        (c, side)
+        for c in compilers
+        for side in dict.fromkeys(n.split("/", 1)[1] for n in names if n.startswith(f"{c}/"))
+        if side not in ("torch", "ours")
     ]
     for compiler, side in sides:
         t_name, o_name = f"{compiler}/torch", f"{compiler}/{side}"
         errors = {n: r0["errors"][n] for n in (t_name, o_name) if n in r0["errors"]}
-        label = compiler if side == "ours" else f"{compiler}, tuned"
+        label = compiler if side == "ours" else f"{compiler}, {side}"
         row: dict = {"config": cfg.label, "compiler": label, "errors": errors}
         rows.append(row)
         if errors:
@@ -116,6 +132,7 @@ def cmd_wall(args, configs: list) -> int:
             warmup=args.warmup,
             timeout=args.timeout,
             tune_steps=args.tune_steps,
+            ablate=tuple(args.ablate or ()),
             log=lambda s: print(s, flush=True),
         )
     except SpawnError as e:

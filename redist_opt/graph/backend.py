@@ -40,6 +40,7 @@ from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.cache_key import rewritten_graph_key
+from redist_opt.graph.graph_pass import GraphRewrites
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
@@ -60,6 +61,7 @@ def backend(
     inner: str | Callable = "inductor",
     *,
     graph_pass: bool = True,
+    rewrites: GraphRewrites = GraphRewrites(),
     options: PlanOptions | None = None,
     **fields,
 ):
@@ -72,7 +74,9 @@ def backend(
     compiled-graph pass honour whole. Under ``groups="create"`` (or an allow-list)
     merged collectives may create flattened process groups while tracing; every rank
     traces the same program, so they are created in the same order everywhere.
-    ``graph_pass``: run the compiled-graph pass on each traced graph.
+    ``graph_pass``: run the compiled-graph pass on each traced graph; ``rewrites``: which
+    of its graph-only rewrites run (:class:`~redist_opt.graph_pass.GraphRewrites`, by
+    default all: reassociation and combining; turning one off measures what it buys).
 
     Usage: ``torch.compile(model, backend=redist_opt.backend())``.
     """
@@ -80,14 +84,17 @@ def backend(
     check_inner(inner)
     if not isinstance(graph_pass, bool):
         raise RedistributeError(f"graph_pass={graph_pass!r}: expected True or False")
-    return _RedistOptBackend(inner, options, graph_pass=graph_pass)
+    if not isinstance(rewrites, GraphRewrites):
+        raise RedistributeError(f"rewrites={rewrites!r}: expected a redist_opt.graph_pass.GraphRewrites")
+    return _RedistOptBackend(inner, options, graph_pass=graph_pass, rewrites=rewrites)
 
 
 class _RedistOptBackend:
-    def __init__(self, inner, options: PlanOptions, *, graph_pass: bool):
+    def __init__(self, inner, options: PlanOptions, *, graph_pass: bool, rewrites: GraphRewrites):
         self.inner = inner
         self.options = options
         self.graph_pass = graph_pass
+        self.rewrites = rewrites
         # The meshes redist_opt planned on while tracing the current program: the
         # graph pass resolves group names against these roots (a backward graph may
         # be compiled lazily, after the trace, so they are kept here).
@@ -187,6 +194,7 @@ class _RedistOptBackend:
             meshes=list(self._trace_meshes.values()) or None,
             options=self.options,
             agreement=self.agreement,
+            rewrites=self.rewrites,
         )
 
 
@@ -268,7 +276,12 @@ def graph_compiler(inner) -> Callable:
 
 
 def run_graph_pass(
-    gm: fx.GraphModule, *, meshes=None, options: PlanOptions, agreement=None
+    gm: fx.GraphModule,
+    *,
+    meshes=None,
+    options: PlanOptions,
+    agreement=None,
+    rewrites: GraphRewrites = GraphRewrites(),
 ) -> graph_pass.GraphPassResult | None:
     """The compiled-graph pass on ``gm`` under ``options``, in place; its result, or
     None if it failed.
@@ -277,7 +290,9 @@ def run_graph_pass(
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        return graph_pass.optimize_graph(gm, meshes=meshes, options=options, agreement=agreement)
+        return graph_pass.optimize_graph(
+            gm, meshes=meshes, options=options, agreement=agreement, rewrites=rewrites
+        )
     except Exception as e:  # never turn a compile that works into one that fails
         gm.graph = snapshot
         gm.recompile()

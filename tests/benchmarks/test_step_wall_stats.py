@@ -4,8 +4,10 @@ and the step bench's report of them, on given times: no timing."""
 import pytest
 
 from benchmarks.step_bench.model import StepConfig
-from benchmarks.step_bench.wall import union_length, variant_names
+from benchmarks.step_bench.wall import ablation_arguments, union_length, variant_names
 from benchmarks.step_bench.wall_report import format_markdown, summarize
+from redist_opt.graph_pass import GraphRewrites
+from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.tools import wall_stats as stats
 
 
@@ -87,3 +89,39 @@ def test_summary_table_prints_ratio_interval_verdict_and_share():
     assert "| 40% / 40% | 17 -> 11 |" in text
     failed = summarize(cfg, [_rank(t, o, errors={"eager/ours": "RuntimeError: boom"})])
     assert "FAILED | eager/ours: RuntimeError: boom" in format_markdown([failed])
+
+
+def test_ablated_sides_follow_their_compilers_ours_and_turn_one_rewrite_off():
+    names = variant_names(("eager", "inductor"), ("combine", "merge-reductions"))
+    assert names == [
+        "eager/torch",
+        "eager/ours",
+        "inductor/torch",
+        "inductor/ours",
+        "inductor/without combine",
+        "inductor/without merge-reductions",
+    ]
+    assert ablation_arguments("ours") == {}
+    assert ablation_arguments("graph-pass") == {"graph_pass": False}
+    assert ablation_arguments("combine") == {"rewrites": GraphRewrites(combine=False)}
+    kept = ablation_arguments("merge-reductions")["passes"]
+    assert [p.name for p in kept] == [p.name for p in DEFAULT_PIPELINE if p.name != "merge-reductions"]
+    with pytest.raises(ValueError, match="ablate='fuse'"):
+        ablation_arguments("fuse")
+
+
+def test_summary_has_one_row_per_ablated_side_against_torch():
+    cfg = StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024)
+    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
+    sides = {"inductor/torch": t, "inductor/ours": [x / 0.9 for x in t], "inductor/without combine": t}
+    rank = {
+        "stubbed": [],
+        "errors": {},
+        "walls": sides,
+        "collectives": {n: {"count": c} for n, c in zip(sides, (66, 58, 62))},
+        "comm": {n: [0.4] for n in sides},
+    }
+    rows = summarize(cfg, [rank])["rows"]
+    assert [r["compiler"] for r in rows] == ["inductor", "inductor, without combine"]
+    assert rows[0]["ratio"] == pytest.approx(0.9) and rows[1]["ratio"] == pytest.approx(1.0)
+    assert rows[1]["collectives_ours"] == 62

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import redist_opt
 from redist_opt.graph.backend import collectives
+from redist_opt.graph_pass import GraphRewrites
 
 
 class GraphCapture:
@@ -189,6 +190,31 @@ def test_dump_dir_receives_forward_and_backward_graphs(tmp_path, monkeypatch):
 def test_backend_rejects_unknown_inner_compiler():
     with pytest.raises(ValueError, match="inner='tvm'"):
         redist_opt.backend("tvm")
+    with pytest.raises(redist_opt.RedistributeError, match="rewrites='combine'"):
+        redist_opt.backend(rewrites="combine")
+
+
+def test_backend_passes_its_rewrites_to_the_graph_pass(monkeypatch):
+    import redist_opt.graph.graph_pass
+
+    seen = []
+    optimize_graph = redist_opt.graph.graph_pass.optimize_graph
+
+    def recording(gm, **kwargs):
+        seen.append(kwargs["rewrites"])
+        return optimize_graph(gm, **kwargs)
+
+    monkeypatch.setattr(redist_opt.graph.graph_pass, "optimize_graph", recording)
+    mesh = _mesh_2x2x2_dp_tp_flat()
+
+    def f(x):
+        return x.redistribute(mesh, [Replicate(), Shard(0), Replicate()]).to_local() * 2
+
+    x = DTensor.from_local(torch.randn(8, 4), mesh, [Partial()] * 3, run_check=False)
+    no_combining = GraphRewrites(combine=False)
+    _compile_and_run(f, (x,), "ours", backward=False, rewrites=no_combining)
+    _compile_and_run(f, (x,), "ours", backward=False)
+    assert seen == [no_combining, GraphRewrites()]
 
 
 @pytest.mark.slow  # about 20 s: Inductor's C++ compile
