@@ -3,6 +3,7 @@ and the step bench's report of them, on given times: no timing."""
 
 import pytest
 
+from benchmarks.step_bench import first_step
 from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import ablation_arguments, union_length, variant_names
 from benchmarks.step_bench.wall_report import format_markdown, summarize
@@ -125,3 +126,30 @@ def test_summary_has_one_row_per_ablated_side_against_torch():
     assert [r["compiler"] for r in rows] == ["inductor", "inductor, without combine"]
     assert rows[0]["ratio"] == pytest.approx(0.9) and rows[1]["ratio"] == pytest.approx(1.0)
     assert rows[1]["collectives_ours"] == 62
+
+
+def test_first_step_table_is_the_slowest_rank_per_job_and_the_median_of_repeats():
+    def rank(first, hits=0):
+        cache = dict.fromkeys(
+            (
+                "inductor.fxgraph_cache_hit",
+                "inductor.fxgraph_cache_miss",
+                "aot_autograd.autograd_cache_hit",
+                "aot_autograd.autograd_cache_miss",
+            ),
+            0,
+        )
+        cache["inductor.fxgraph_cache_hit"] = hits
+        return {"first": first, "second": 0.5, "cache": cache}
+
+    job = first_step._job([rank(10.0, hits=2), rank(12.0, hits=2)])
+    assert job["first"] == 12.0 and job["cache"]["inductor.fxgraph_cache_hit"] == 4
+    runs = {
+        "torch/cold": [job, first_step._job([rank(8.0)])],
+        "ours/cold": [first_step._job([rank(11.0)]), first_step._job([rank(9.0)])],
+        "torch/warm": [first_step._job([rank(5.0)])],
+        "ours/warm": [first_step._job([rank(4.0, hits=3)])],
+    }
+    text = first_step.format_markdown([{"config": "tp_classic 1x1x4 dim 512", "runs": runs}])
+    assert "| tp_classic 1x1x4 dim 512 | cold | 10.0 | 10.0 | 1.00x | 0 / 0 |" in text
+    assert "| tp_classic 1x1x4 dim 512 | warm | 5.0 | 4.0 | 0.80x | 3 / 0 |" in text
