@@ -99,6 +99,20 @@ def contiguous(emit, x):
     return emit(aten.clone.default, x, memory_format=torch.contiguous_format)
 
 
+def permuted(emit, x, sizes: Sequence[int], order: Sequence[int]):
+    """``x`` (contiguous, of ``sizes``) permuted by ``order``, contiguous: a copy only where the
+    permutation moves data. Axes of size 1 go anywhere without one (a sequence-parallel
+    ``[1, s, h]`` activation gathered along dim 1 is its pieces laid end to end), so
+    where only they move, the result is a view of ``x``."""
+    shape = [sizes[a] for a in order]
+    moving = [a for a in order if sizes[a] != 1]
+    if moving == sorted(moving):
+        return emit(aten.view.default, x, shape)
+    return emit(
+        aten.clone.default, emit(aten.permute.default, x, list(order)), memory_format=torch.contiguous_format
+    )
+
+
 def pieces(emit, x, sizes: Sequence[int], dim: int) -> list:
     """``x`` split along ``dim`` into pieces of ``sizes`` (views)."""
     parts = emit(aten.split_with_sizes.default, x, list(sizes), dim)
@@ -195,9 +209,8 @@ def _unpack_even_blocks(emit, x, shape, dim, counts, blocks, slot):
         pos = positions.get(t, ())
         order += [dim + p for p in pos] + [t if t < dim else t + m]
         out_shape.append((slot if t == dim else shape[t]) * math.prod(counts[p] for p in pos))
-    moved = emit(aten.permute.default, viewed, order)
-    copied = emit(aten.clone.default, moved, memory_format=torch.contiguous_format)
-    return emit(aten.view.default, copied, out_shape)
+    view_shape = [*shape[:dim], *counts, slot, *shape[dim + 1 :]]
+    return emit(aten.view.default, permuted(emit, viewed, view_shape, order), out_shape)
 
 
 def _unpack_sliced_blocks(emit, x, shape, dim, counts, blocks, slot, sizes):
@@ -280,8 +293,7 @@ def stack_blocks(emit, x, shape: Sequence[int], splits: Sequence[tuple[int, int]
     order = front + [a for a in range(len(grid)) if a not in front]
     x = emit(aten.view.default, contiguous(emit, x), grid)
     if order != sorted(order):
-        x = emit(aten.permute.default, x, order)
-        x = emit(aten.clone.default, x, memory_format=torch.contiguous_format)
+        x = permuted(emit, x, grid, order)
     return emit(aten.view.default, x, [math.prod(pieces.values()), *block])
 
 
@@ -290,9 +302,7 @@ def join_blocks(emit, y, n: int, block: Sequence[int], dim: int):
     most."""
     if dim != 0:
         order = [*range(1, dim + 1), 0, *range(dim + 1, len(block) + 1)]
-        y = emit(
-            aten.clone.default, emit(aten.permute.default, y, order), memory_format=torch.contiguous_format
-        )
+        y = permuted(emit, y, [n, *block], order)
     return emit(aten.view.default, y, [*block[:dim], n * block[dim], *block[dim + 1 :]])
 
 

@@ -149,6 +149,10 @@ COLLECTIVE_CASES = [
     ("gather_dim1", "all_gather", (2, 3, 2), 2, (1,)),
     ("scatter_dim0", "reduce_scatter", (6, 2), 2, ("sum", 0)),
     ("scatter_dim1", "reduce_scatter", (2, 6, 2), 3, ("sum", 1)),
+    # dims of size 1 before the gathered or scattered one: the blocks lie end to end
+    ("gather_dim1_after_ones", "all_gather", (1, 3, 2), 2, (1,)),
+    ("scatter_dim2_after_ones", "reduce_scatter", (1, 1, 6), 3, ("sum", 2)),
+    ("a2a_dim1_to_2_after_ones", "all_to_all", (1, 4, 2), 2, (1, 2)),
 ]
 
 
@@ -205,3 +209,25 @@ def test_collective_layout_around_the_exchange(case, graph_emitter, dtype):
     got = [_emitted(c.after, y, graph_emitter) for y in _exchange(kind, sends, n)]
     for k, (a, b) in enumerate(zip(got, _expected(kind, xs, n, params))):
         assert a.dtype == dtype and a.shape == b.shape and torch.equal(a, b), (k, a, b)
+
+
+@pytest.mark.parametrize(
+    "kind, shape, params, copies",
+    [
+        ("all_gather", (2, 3, 2), (1,), 1),
+        ("all_gather", (1, 3, 2), (1,), 0),  # a sequence-parallel activation: views only
+        ("reduce_scatter", (2, 6, 2), ("sum", 1), 1),
+        ("reduce_scatter", (1, 6, 2), ("sum", 1), 0),
+    ],
+)
+def test_a_layout_copies_only_where_the_blocks_are_not_end_to_end(kind, shape, params, copies):
+    c = collective(kind, shape, torch.float32, 2, params)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = FakeTensorMode().from_tensor(torch.zeros(shape))
+    layout = c.after if kind == "all_gather" else c.before
+    if kind == "all_gather":
+        x.meta["val"] = FakeTensorMode().from_tensor(torch.zeros(2 * shape[0], *shape[1:]))
+    graph.output(layout(Emitter(graph), x))
+    clones = [n for n in graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == copies, graph
