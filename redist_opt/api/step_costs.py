@@ -188,7 +188,9 @@ def _single_size_rows(base: CostModel, measurements: list[dict]) -> list[tuple]:
 
 def fit(base: CostModel, measurements: list[dict]) -> CostModel:
     """``base`` with the measured (kind, group size) curves in place of its own."""
-    rows = list(cost_fit.fit_per_kind([{**m, "link": "intra"} for m in measurements]))
+    # As measured, not made non-decreasing in size: the loss's scalar all_reduce waits for
+    # the slowest rank's whole forward, which says nothing about a 4 KiB gradient's.
+    rows = list(cost_fit.fit_per_kind([{**m, "link": "intra"} for m in measurements], monotone=False))
     rows += _single_size_rows(base, measurements)
     measured = {(kind, p) for kind, p, *_ in rows}
     kept = [r for r in base.fitted if (r[0], r[1]) not in measured]

@@ -35,12 +35,17 @@ def _monotone(ys: Sequence[float]) -> list[float]:
     return [m for m, w in blocks for _ in range(int(w))]
 
 
-def fit_per_kind(measurements: Sequence[dict]) -> tuple:
+def fit_per_kind(measurements: Sequence[dict], *, monotone: bool = True) -> tuple:
     """``CostModel.fitted`` rows: per (kind, group size, link), the measured medians made
     non-decreasing in size, then one ``t = per_call + per_byte * nbytes`` segment between
     each two neighbouring sizes, valid up to the larger (the last one beyond it too).
     A linear fit over the whole range misses small sizes: on gloo a 4-byte all_reduce
-    over 8 ranks takes a third of a 1 KiB one. Points with one size get no row."""
+    over 8 ranks takes a third of a 1 KiB one. Points with one size get no row.
+
+    ``monotone=False`` keeps every measured median as it is (a segment that would fall is
+    flat at its larger size's time), so each measured size costs what was measured there:
+    for costs measured inside a step, where a collective's time is mostly the wait for
+    its peers and depends on where it sits in the step, not on its size."""
     by_key: dict[tuple, dict[int, list[float]]] = {}
     for m in measurements:
         if m["p"] > 1:
@@ -52,10 +57,15 @@ def fit_per_kind(measurements: Sequence[dict]) -> tuple:
         if len(sizes) < 2:
             continue
         # Groups of one size and link (a 2x2x2 mesh's three dims) share a curve: their mean.
-        times = _monotone([statistics.fmean(points[n]) for n in sizes])
+        times = [statistics.fmean(points[n]) for n in sizes]
+        if monotone:
+            times = _monotone(times)
         for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
+            if t1 < t0:  # kept as measured (monotone=False): n0 at its own time, then flat
+                rows += [(kind, p, link, n0, t0, 0.0), (kind, p, link, n1, t1, 0.0)]
+                continue
             per_byte = (t1 - t0) / (n1 - n0)
-            rows.append((kind, p, link, n1, max(0.0, t0 - per_byte * n0), per_byte))
+            rows.append((kind, p, link, n1, max(0.0, t1 - per_byte * n1), per_byte))
         # Beyond the largest size: the slope over the largest three sizes (one
         # neighbouring pair is too noisy to extrapolate by orders of magnitude).
         top_n, top_t = sizes[-3:], times[-3:]

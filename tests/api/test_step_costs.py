@@ -50,6 +50,21 @@ def test_fit_replaces_the_measured_curves_only():
     assert step_costs.fit(model, measured) == model
 
 
+def test_each_measured_size_costs_what_was_measured_there():
+    # In a step the loss's scalar all_reduce waits for the slowest rank's forward; a 4 KiB
+    # gradient all_reduce later in the step does not. Made non-decreasing in size, the
+    # gradient's would cost the scalar's wait, and a rewrite that replaces it would look
+    # cheaper than it is (the norm weights' fold of SimpleFSDP + TP, docs/step_wall.md).
+    measured = [
+        {"kind": "all_reduce", "p": 2, "nbytes": 8, "time": 0.0315},
+        {"kind": "all_reduce", "p": 2, "nbytes": 4096, "time": 0.0029},
+        {"kind": "all_reduce", "p": 2, "nbytes": 65536, "time": 0.0040},
+    ]
+    model = step_costs.fit(CostModel.profile("gloo"), measured)
+    for m in measured:
+        assert model.time_of("all_reduce", 2, "intra", m["nbytes"]) == pytest.approx(m["time"])
+
+
 def test_measurements_of_a_later_block_replace_those_of_an_earlier_one_per_key():
     a = [
         {"kind": "all_reduce", "p": 2, "nbytes": 8, "time": 1.0},
