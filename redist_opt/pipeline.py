@@ -156,6 +156,8 @@ def _constraints(instances: list[_Tracked]) -> list:
 @functools.lru_cache(maxsize=4096)
 def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
     pass_classes = DEFAULT_PIPELINE if options.passes is None else list(options.passes)
+    left_out = _slower_in_steps(pass_classes, options)
+    pass_classes = [c for c in pass_classes if c not in left_out]
     if not pass_classes:
         return p
     ctx = PassContext(
@@ -205,6 +207,17 @@ def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
             raise e.__cause__ from None
         raise
     return snapshot(result.graph_module)
+
+
+def _slower_in_steps(pass_classes, options: PlanOptions) -> set:
+    """The default pipeline's passes that the cost profile lists as making measured training
+    steps slower (``CostModel.slower_in_steps``): left out, except under
+    ``prefer="consistency"``, which asks for the fewest collectives whatever the time, and
+    in a pass list the caller chose, which runs as given."""
+    if options.passes is not None or options.prefer == "consistency":
+        return set()
+    slower = set(options.cost.slower_in_steps)
+    return {c for c in pass_classes if c.name in slower}
 
 
 def _verifier(p: Plan):

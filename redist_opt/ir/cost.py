@@ -15,6 +15,8 @@ Interface used by the passes (keep it stable):
         measured by `redist-opt calibrate`; a collective whose (kind, size, link) is
         listed costs per_call + per_byte * nbytes of the first row whose up_to_nbytes
         covers nbytes (the last row beyond), any other the alpha-beta formula
+    model.slower_in_steps: pass names the default pipeline leaves out under this profile
+        (their rewrites made measured training steps slower; the gloo profile lists one)
     resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
         # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
         # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
@@ -78,6 +80,13 @@ def _as_int(key: str, value) -> int:
     return int(value)
 
 
+def _pass_names(value) -> tuple:
+    """The ``slower_in_steps`` field from JSON: a list of pass names."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"cost profile slower_in_steps={value!r} must be a list of pass names")
+    return tuple(value)
+
+
 def _fitted_rows(value) -> tuple:
     """The ``fitted`` field from JSON: rows [kind, p, link, up_to_nbytes, per_call_s, per_byte_s]."""
     shape = "[kind, p, link, up_to_nbytes, per_call_s, per_byte_s]"
@@ -135,6 +144,12 @@ class CostModel:
     # the shared alpha-beta fit (gloo's all_gather and all_to_all do not scale like a
     # ring, and a scalar all_reduce leaves most of the ring idle).
     fitted: tuple = ()
+    # Passes whose rewrites made whole training steps slower on this backend, measured
+    # inside the steps (the step bench's ablation, docs/step_wall.md): the default
+    # pipeline leaves them out under this profile, except with prefer="consistency"
+    # (fewest collectives whatever the time). What a collective costs alone cannot show
+    # this: the rewrite is cheaper alone and slower in the step.
+    slower_in_steps: tuple = ()
 
     @classmethod
     def default(cls) -> CostModel:
@@ -162,6 +177,7 @@ class CostModel:
                 create_group=ab["create_group"],
                 reduce_scatter_as_all_reduce=True,
                 fitted=gloo_measured.FITTED,
+                slower_in_steps=gloo_measured.SLOWER_IN_STEPS,
             )
         if name == "gloo-ring":
             # The previous gloo profile: ring algorithms, per-step latency above the
@@ -199,6 +215,8 @@ class CostModel:
             default = fields[key].default
             if key == "fitted":
                 kwargs[key] = _fitted_rows(value)
+            elif key == "slower_in_steps":
+                kwargs[key] = _pass_names(value)
             elif key == "devices_per_host":
                 kwargs[key] = None if value is None else _as_int(key, value)
             elif isinstance(default, bool):
@@ -222,6 +240,7 @@ class CostModel:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["fitted"] = [list(row) for row in self.fitted]
+        data["slower_in_steps"] = list(self.slower_in_steps)
         return data
 
     def validate(self) -> None:

@@ -116,3 +116,13 @@ FITTED = (
     ("reduce_scatter", 8, "intra", 1048576, 0.03149, 1.744e-08),
     ("reduce_scatter", 8, "intra", 4611686018427387904, 0.03411, 1.495e-08),
 )
+
+# Passes whose rewrites made torchtitan's compiled training step slower on 4 and 8 gloo ranks
+# of this machine, measured inside the step: `python -m benchmarks.step_bench --wall
+# --wall-compiler inductor --ablate merge-reductions-into-all-reduce` on SimpleFSDP + TP
+# (docs/step_wall.md, 2026-11-27). Folding the norm weights' all_reduce(tp) + reduce_scatter(fsdp)
+# into one all_reduce over both dims is 5% cheaper alone under the curves above, but with it
+# the step ran 0.970x-0.983x torch's at 1x2x2 width 1024 (1.0x without it, four runs) and 0.995x
+# at 2x2x2 (1.181x without it): inside a step, a collective over every rank of a host with
+# fewer cores than ranks waits for all of them to be scheduled at once.
+SLOWER_IN_STEPS = ("merge-reductions-into-all-reduce",)

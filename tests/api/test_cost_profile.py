@@ -3,6 +3,7 @@ named by $REDIST_OPT_COST_PROFILE; shown in explain and in the plan dumps."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import redist_opt.api.specs
 from redist_opt.debug import dump
 from redist_opt.ir import cost
 from redist_opt.ir.cost import PROFILE_ENV, CostModel
+from redist_opt.passes import MergeReductionsIntoAllReduce
 from redist_opt.tools import cli
 
 # A profile under which merging three pair all_reduces into one ring over 8 ranks
@@ -201,3 +203,20 @@ def test_backend_per_device_string(monkeypatch):
     # Dims on different backends: unknown, so the default profile.
     monkeypatch.setattr(dist, "get_backend", lambda pg: {"pg0": "gloo", "pg1": "nccl"}[pg])
     assert mesh_mod.process_group_backend(FakeMesh("cpu")) is None
+
+
+def test_a_pass_the_profile_measured_slower_in_steps_is_left_out_by_default(no_env):
+    # The norm weights' fold: P,P -> R,S(0) as one all_reduce over both dims (a group exists).
+    spec = redist_opt.MeshSpec((2, 2), ("a", "b"), flattened=[("a", "b")], backend="gloo")
+    p = redist_opt.plan(spec, "P,P", "R,S(0)", shape=(256,))
+    gloo = CostModel.profile("gloo")
+    assert gloo.slower_in_steps == ("merge-reductions-into-all-reduce",)
+    listed_nowhere = dataclasses.replace(gloo, slower_in_steps=())
+    assert "merge-reductions-into-all-reduce" in redist_opt.optimize(p, cost=listed_nowhere).applied_passes
+    default = redist_opt.optimize(p)  # the gloo profile, from the mesh's backend
+    assert "merge-reductions-into-all-reduce" not in default.applied_passes
+    assert default.num_collectives == 2
+    # prefer="consistency" asks for the fewest collectives whatever the time; a pass list
+    # the caller chose runs as given
+    assert redist_opt.optimize(p, prefer="consistency").num_collectives == 1
+    assert redist_opt.optimize(p, passes=[MergeReductionsIntoAllReduce]).num_collectives == 1

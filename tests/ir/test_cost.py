@@ -238,6 +238,8 @@ def test_partial_dict_uses_defaults():
         ({"reduce_scatter_as_all_reduce": "yes"}, "true or false"),
         ({"devices_per_host": 2.5}, "integer"),
         ({"expected_reuse": 0}, "expected_reuse"),
+        ({"slower_in_steps": "merge-reductions"}, "slower_in_steps='merge-reductions'"),
+        ({"slower_in_steps": [3]}, "list of pass names"),
         ({"format": "other/9", "model": {}}, "format 'other/9'"),
         ([1, 2], "JSON object"),
     ],
