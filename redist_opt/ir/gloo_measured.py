@@ -122,7 +122,7 @@ FITTED = (
 # --wall-compiler inductor --ablate merge-reductions-into-all-reduce` on SimpleFSDP + TP
 # (docs/step_wall.md, 2026-11-27). Folding the norm weights' all_reduce(tp) + reduce_scatter(fsdp)
 # into one all_reduce over both dims is 5% cheaper alone under the curves above, but with it
-# the step ran 0.970x-0.983x torch's at 1x2x2 width 1024 (1.0x without it, four runs) and 0.995x
-# at 2x2x2 (1.181x without it): inside a step, a collective over every rank of a host with
-# fewer cores than ranks waits for all of them to be scheduled at once.
+# the step ran 0.970x-0.983x torch's at 1x2x2 width 1024 (0.986x-1.006x without it, four runs)
+# and 0.995x at 2x2x2 (1.181x without it): inside a step, a collective over every rank of a host
+# with fewer cores than ranks waits for all of them to be scheduled at once.
 SLOWER_IN_STEPS = ("merge-reductions-into-all-reduce",)

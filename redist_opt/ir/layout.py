@@ -346,18 +346,25 @@ def process_group_backend(device_mesh) -> str | None:
     """The backend name of the mesh's process groups for its device type, or None.
 
     ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
-    mesh's device type picks one. Dims on different backends give None.
+    mesh's device type picks one. Dims on different backends give None. A dim of size 1
+    carries no collective, and a ``fake`` group moves no data: torchtitan's
+    ``ParallelDims`` builds its meshes with ``backend_override={dim: "fake"}`` for every
+    dim of degree 1, so those dims do not count while another dim has a real backend.
     """
     if not dist.is_initialized():
         return None
-    found = set()
+    by_dim = {}
     try:
         for d in range(device_mesh.ndim):
             name = str(dist.get_backend(device_mesh.get_group(d)))
             if ":" in name:  # "cpu:gloo,cuda:nccl"
                 per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
                 name = per_device.get(device_mesh.device_type, name)
-            found.add(name)
+            by_dim[d] = name
     except (RuntimeError, ValueError):
         return None
+    # the dims that carry collectives, or every dim of a mesh of one rank
+    found = {name for d, name in by_dim.items() if device_mesh.size(d) > 1} or set(by_dim.values())
+    if len(found) > 1:
+        found.discard("fake")
     return found.pop() if len(found) == 1 else None

@@ -188,10 +188,11 @@ def test_backend_per_device_string(monkeypatch):
     from redist_opt.ir import layout as mesh_mod
 
     class FakeMesh:
-        ndim = 2
+        def __init__(self, device_type, sizes=(2, 2)):
+            self.device_type, self.sizes, self.ndim = device_type, sizes, len(sizes)
 
-        def __init__(self, device_type):
-            self.device_type = device_type
+        def size(self, d):
+            return self.sizes[d]
 
         def get_group(self, d):
             return f"pg{d}"
@@ -203,6 +204,14 @@ def test_backend_per_device_string(monkeypatch):
     # Dims on different backends: unknown, so the default profile.
     monkeypatch.setattr(dist, "get_backend", lambda pg: {"pg0": "gloo", "pg1": "nccl"}[pg])
     assert mesh_mod.process_group_backend(FakeMesh("cpu")) is None
+    # torchtitan's meshes: dims of degree 1 (and dims it never communicates over) are
+    # "fake" groups, which move no data; the dims that do carry collectives decide.
+    backends = {"pg0": "fake", "pg1": "fake", "pg2": "gloo", "pg3": "gloo"}
+    monkeypatch.setattr(dist, "get_backend", lambda pg: backends[pg])
+    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "gloo"
+    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 2, 2, 2))) == "gloo"
+    backends.update(pg2="fake", pg3="fake")
+    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "fake"
 
 
 def test_a_pass_the_profile_measured_slower_in_steps_is_left_out_by_default(no_env):
