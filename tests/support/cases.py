@@ -127,6 +127,13 @@ def two_d_cases():
     for m in ["2x2", "2x4"]:
         for s, d in rng.sample(pairs3, 40):
             cases.append(Case(m, s, d, rng.choice([(4, 3, 5), (2, 6, 8), (5, 0, 3)])))
+    # leading dims of size 1 (a sequence-parallel [1, s, h] activation): the block layouts
+    # around gathers and scatters are views there, not copies (local_ops.permuted)
+    for s, d in pairs:
+        for shape in [(1, 24), (1, 7)]:
+            cases.append(Case("2x2", s, d, shape))
+    for s, d in rng.sample(pairs3, 40):
+        cases.append(Case("2x4", s, d, rng.choice([(1, 8, 4), (1, 5, 3)])))
     return cases
 
 
