@@ -36,6 +36,7 @@ so two checkouts can be compared.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -157,29 +158,38 @@ def _bootstrap(ratios: list[float], reps: int = 2000, seed: int = 0) -> tuple[fl
     return meds[int(0.025 * reps)], meds[int(0.975 * reps) - 1]
 
 
-def measure_calls(rounds: int, batch: int) -> dict:
+def _interleaved(run_batch, rounds: int, batch: int) -> tuple[list, list, list]:
+    """``run_batch()`` (seconds for ``batch`` calls) timed as torch's and inside ``enabled()``
+    (entered outside the timed loop), in rounds that alternate which goes first, after one
+    warm-up batch of each (plans, programs and torch's caches built): per round the ratio
+    ours/torch, and the seconds per call of each side."""
     import redist_opt
+
+    with redist_opt.enabled():
+        run_batch()
+    run_batch()
+    ratios, t_torch, t_ours = [], [], []
+    for r in range(rounds):
+        times = {}
+        for mode in ("torch", "ours") if r % 2 == 0 else ("ours", "torch"):
+            if mode == "ours":
+                with redist_opt.enabled():
+                    times[mode] = run_batch()
+            else:
+                times[mode] = run_batch()
+        ratios.append(times["ours"] / times["torch"])
+        t_torch.append(times["torch"] / batch)
+        t_ours.append(times["ours"] / batch)
+    return ratios, t_torch, t_ours
+
+
+def measure_calls(rounds: int, batch: int) -> dict:
 
     mesh, cases = _setup()
     rows = []
     for label, dt, dst in cases:
         theirs, ours = _counts(mesh, dt, dst, False), _counts(mesh, dt, dst, True)
-        with redist_opt.enabled():
-            _batch(mesh, dt, dst, batch)  # warm: plans and programs built
-        _batch(mesh, dt, dst, batch)
-        ratios, t_torch, t_ours = [], [], []
-        for r in range(rounds):
-            order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
-            times = {}
-            for mode in order:
-                if mode == "ours":
-                    with redist_opt.enabled():  # entered outside the timed loop
-                        times[mode] = _batch(mesh, dt, dst, batch)
-                else:
-                    times[mode] = _batch(mesh, dt, dst, batch)
-            ratios.append(times["ours"] / times["torch"])
-            t_torch.append(times["torch"] / batch)
-            t_ours.append(times["ours"] / batch)
+        ratios, t_torch, t_ours = _interleaved(functools.partial(_batch, mesh, dt, dst, batch), rounds, batch)
         group = "equal" if ours == theirs else ("fewer" if ours < theirs else "more")
         rows.append(
             {
@@ -251,28 +261,11 @@ def _handback_batch(local, current, target, graph_based, n: int) -> float:
 def measure_handback(rounds: int, batch: int) -> dict:
     import warnings
 
-    import redist_opt
-
     warnings.simplefilter("ignore")  # the one-time "using torch's redistribute" warnings
     rows = []
     for label, local, current, target, graph_based in _handback_setup():
-        args = (local, current, target, graph_based)
-        with redist_opt.enabled():
-            _handback_batch(*args, batch)  # warm: torch's plan cache and ours
-        _handback_batch(*args, batch)
-        ratios, t_torch, t_ours = [], [], []
-        for r in range(rounds):
-            order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
-            times = {}
-            for mode in order:
-                if mode == "ours":
-                    with redist_opt.enabled():
-                        times[mode] = _handback_batch(*args, batch)
-                else:
-                    times[mode] = _handback_batch(*args, batch)
-            ratios.append(times["ours"] / times["torch"])
-            t_torch.append(times["torch"] / batch)
-            t_ours.append(times["ours"] / batch)
+        run_batch = functools.partial(_handback_batch, local, current, target, graph_based, batch)
+        ratios, t_torch, t_ours = _interleaved(run_batch, rounds, batch)
         lo, hi = _bootstrap(ratios)
         rows.append(
             {
