@@ -50,6 +50,7 @@ def run_first_step(rank: int, world: int, cfg: M.StepConfig, side: str, cache_di
     logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="DTensor random operators")
     warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
     from torch._dynamo.utils import counters
 
     backend = "inductor" if side == "torch" else redist_opt.backend()

@@ -39,7 +39,7 @@ from redist_opt.api import enabled, live_meshes, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
 from redist_opt.graph import graph_pass
 from redist_opt.graph.agreement import SliceAgreement
-from redist_opt.graph.cache_key import rewritten_graph_key
+from redist_opt.graph.cache_key import meshes_keyed_by_meaning, rewritten_graph_key
 from redist_opt.graph.graph_pass import GraphRewrites
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
@@ -133,7 +133,8 @@ class _RedistOptBackend:
             def inner_compile(g, inputs, *args, **kwargs):
                 self._optimize(g)
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
-                return compile_fx_inner(g, inputs, *args, **kwargs)
+                with meshes_keyed_by_meaning():
+                    return compile_fx_inner(g, inputs, *args, **kwargs)
 
             # AOTAutograd's cache is looked up before the trace: a hit would skip the
             # routing, the graph pass and its rounds with the other ranks (see

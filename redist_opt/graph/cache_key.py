@@ -19,25 +19,36 @@ whatever else decides the graph after it:
   of one host share one cache directory.
 
 ``redist_opt.backend`` rewrites before Inductor takes its key, so its key
-(:func:`rewritten_graph_key`) needs only the code and the options.
+(:func:`rewritten_graph_key`) needs only the code and the options; while Inductor takes
+it, :func:`meshes_keyed_by_meaning` makes a DeviceMesh input count by what it is, so a
+restarted job finds the entries of the last one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import os
+import threading
 from pathlib import Path
 
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.ir import layout as L
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.options import PlanOptions
 
-__all__ = ["graph_pass_key", "rewritten_graph_key", "source_digest", "PACKAGE_DIR"]
+__all__ = [
+    "graph_pass_key",
+    "rewritten_graph_key",
+    "meshes_keyed_by_meaning",
+    "source_digest",
+    "PACKAGE_DIR",
+]
 
 # The package's folder (this module is redist_opt/graph/cache_key.py).
 PACKAGE_DIR = Path(__file__).parent.parent
@@ -117,3 +128,65 @@ def _context_key(ctx) -> dict:
         "ranks": ctx.rank_map,
         "scope": list(ctx.scope_dims),
     }
+
+
+# -- DeviceMesh inputs in Inductor's FX graph cache key -------------------------------------
+
+_keying_lock = threading.Lock()
+_keying_depth = 0
+_pickler_init = None
+
+
+@contextlib.contextmanager
+def meshes_keyed_by_meaning():
+    """Inside the block, Inductor's FX graph cache key counts a DeviceMesh by
+    :func:`redist_opt.ir.layout.mesh_meaning` instead of by its pickled state.
+
+    Dynamo passes a DTensor program's mesh to its graphs as an opaque input, and torch
+    2.13's key pickler (``FxGraphCachePickler``, ``torch/_inductor/codecache.py``) writes
+    the mesh's whole state, which holds ``_hash`` and ``_thread_id``: both differ in
+    every process, so a restarted job missed every entry of a DTensor program. The mesh
+    is handed to the compiled code at run time, and what the graph does with it is in the
+    graph, so its meaning is all the key needs. Only the key's pickler changes (entries
+    are saved by another pickler), and only while ``redist_opt.backend`` compiles one of
+    its rewritten graphs (``compile_fx_inner``)."""
+    global _keying_depth, _pickler_init
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    with _keying_lock:
+        if _keying_depth == 0:
+            _pickler_init = FxGraphCachePickler.__init__
+            FxGraphCachePickler.__init__ = _init_with_mesh_meaning(_pickler_init)
+        _keying_depth += 1
+    try:
+        yield
+    finally:
+        with _keying_lock:
+            _keying_depth -= 1
+            if _keying_depth == 0:
+                FxGraphCachePickler.__init__ = _pickler_init
+
+
+def _init_with_mesh_meaning(init):
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch.distributed.device_mesh import DeviceMesh
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opaque = self.dispatch_table[FakeScriptObject]
+
+        def reduce_opaque(obj):
+            if isinstance(obj.real_obj, DeviceMesh):
+                return _mesh_key, (obj.script_class_name, L.mesh_meaning(obj.real_obj))
+            return opaque(obj)
+
+        self.dispatch_table[FakeScriptObject] = reduce_opaque
+        self.dispatch_table[DeviceMesh] = lambda mesh: (_mesh_key, ("DeviceMesh", L.mesh_meaning(mesh)))
+
+    return __init__
+
+
+def _mesh_key(*meaning):
+    """What a DeviceMesh stands for in a key (a key's pickle is hashed, never loaded)."""
+    return meaning

@@ -10,7 +10,9 @@ rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
 (:mod:`redist_opt.ir.layout`). What the search needs of each mesh (its root, the
 root dims it spans, its layouts key, its MeshSpec) is read once per mesh
 (:func:`redist_opt.api.specs.mesh_facts`, cached per mesh, shared with the eager
-path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`.
+path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`, and the full
+views a given view needs among those the last scan found
+(:func:`redist_opt.api.specs.scanned_full_views`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts
+from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.runtime.torch_dtensor import process_group_ranks
@@ -109,8 +111,7 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
         meshes.sort(key=lambda m: _view_order(m, facts[id(m)]))
     live = meshes
     if given and any(facts[id(m)].root_dims is None for m in meshes):
-        live = live_meshes()
-        facts.update({id(m): f for m in live if id(m) not in facts and (f := _facts(m)) is not None})
+        live = _with_full_views(meshes, facts)
     views = sorted(
         (v for v in live if id(v) in facts and facts[id(v)].full_view),
         key=lambda v: _view_order(v, facts[id(v)]),
@@ -129,6 +130,27 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
             if ctx is not None and not ctx.scope_dims:
                 ctx.scope_dims = tuple(range(ctx.spec.ndim))
     return sorted(contexts.values(), key=lambda c: (not c.given, *_context_order(c)))
+
+
+def _with_full_views(meshes: list, facts: dict) -> list:
+    """``meshes`` and the full views of the process: those the last scan found, or a new
+    scan's when a given mesh that is not made of its root's dims spans dims of none of them.
+
+    A view built after the last scan and needed by no given mesh (a sibling) is found at
+    the next scan. Every rank builds the same meshes in the same order (a view's groups
+    are created collectively) and compiles the same graphs, so the ranks scan at the same
+    points and know the same views."""
+    ids = {id(m) for m in meshes}
+    for rescan in (False, True):
+        live = [*meshes, *(v for v in scanned_full_views(rescan=rescan) if id(v) not in ids)]
+        facts.update({id(v): f for v in live if id(v) not in facts and (f := _facts(v)) is not None})
+        views = [v for v in live if id(v) in facts and facts[id(v)].full_view]
+        if all(
+            facts[id(m)].root_dims is not None or any(L.dims_spanned(v, m) is not None for v in views)
+            for m in meshes
+        ):
+            break
+    return live
 
 
 def _facts(m) -> MeshFacts | None:

@@ -310,6 +310,25 @@ def is_full_view(device_mesh) -> bool:
     return int(device_mesh._layout.numel()) == root_index_space(device_mesh)
 
 
+def mesh_meaning(device_mesh) -> tuple:
+    """What a DeviceMesh is, with nothing of the process that holds it: device type,
+    rank map, per-dim layouts, dim names and process-group names, and the same of its
+    root. Equal in every process of a job that builds the same mesh (group names are
+    given in creation order), unlike its ``_hash`` and ``_thread_id``."""
+    root = root_mesh(device_mesh)
+    parts = [
+        (
+            m._device_type,
+            m.mesh.tolist(),
+            repr(device_mesh_dim_layouts(m)),
+            m.mesh_dim_names,
+            tuple(getattr(m, "_dim_group_names", None) or ()),
+        )
+        for m in (device_mesh, root)
+    ]
+    return tuple(parts)
+
+
 def view_key(device_mesh) -> tuple:
     """Equal for two DeviceMesh objects with the same root and the same per-dim
     layouts (the same mesh, whichever object or name)."""

@@ -51,12 +51,14 @@ view_2 = view.default(wait_tensor, [2, -1])
 split_with_sizes = split_with_sizes.default(view_2, [4, 6], 1)
 getitem = getitem(split_with_sizes, 0)
 getitem_1 = getitem(split_with_sizes, 1)
-clone = clone.default(getitem, memory_format=torch.contiguous_format)
-_unsafe_view = _unsafe_view.default(clone, [8])
-clone_1 = clone.default(getitem_1, memory_format=torch.contiguous_format)
-_unsafe_view_1 = _unsafe_view.default(clone_1, [4, 3])
-mul_tensor = mul.Tensor(_unsafe_view, _unsafe_view)
-return [mul_tensor, _unsafe_view_1]""",
+view_3 = view.default(getitem, [2, 4])
+clone = clone.default(view_3, memory_format=torch.contiguous_format)
+view_4 = view.default(clone, [8])
+view_5 = view.default(getitem_1, [2, 2, 3])
+clone_1 = clone.default(view_5, memory_format=torch.contiguous_format)
+view_6 = view.default(clone_1, [4, 3])
+mul_tensor = mul.Tensor(view_4, view_4)
+return [mul_tensor, view_6]""",
         )
 
     def test_three_gathers_combine_while_latency_bound(self):
@@ -144,11 +146,13 @@ view_2 = view.default(wait_tensor, [2, -1])
 split_with_sizes = split_with_sizes.default(view_2, [4, 4], 1)
 getitem = getitem(split_with_sizes, 0)
 getitem_1 = getitem(split_with_sizes, 1)
-clone = clone.default(getitem, memory_format=torch.contiguous_format)
-_unsafe_view = _unsafe_view.default(clone, [8])
-clone_1 = clone.default(getitem_1, memory_format=torch.contiguous_format)
-_unsafe_view_1 = _unsafe_view.default(clone_1, [8])
-return [_unsafe_view, _unsafe_view_1]""",
+view_3 = view.default(getitem, [2, 4])
+clone = clone.default(view_3, memory_format=torch.contiguous_format)
+view_4 = view.default(clone, [8])
+view_5 = view.default(getitem_1, [2, 4])
+clone_1 = clone.default(view_5, memory_format=torch.contiguous_format)
+view_6 = view.default(clone_1, [8])
+return [view_4, view_6]""",
         )
 
     def test_long_view_chain_is_not_moved(self):

@@ -28,7 +28,7 @@ from redist_opt.api.specs import live_meshes
 from redist_opt.graph import mesh_groups
 from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
-from redist_opt.ir.layout import root_group_names
+from redist_opt.ir.layout import mesh_meaning, root_group_names
 
 pytestmark = pytest.mark.xdist_group(
     "graph_pass"
@@ -271,6 +271,44 @@ def test_mesh_search_order_does_not_follow_the_order_meshes_are_found_in(mesh3, 
         keys.append(RedistGraphPass().uuid())
     assert orders[0] == orders[1]
     assert keys[0] == keys[1]
+
+
+def test_a_mesh_counts_in_a_cache_key_by_what_it_is(mesh3):
+    # Inductor's key of a graph of ours holds its mesh input as mesh_meaning: a root over
+    # the same ranks with groups of its own is another mesh, a submesh sliced again the
+    # same one, and nothing of the process (its _hash, its _thread_id) is in it.
+    other = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("x", "y", "z"))
+    assert mesh_meaning(other) != mesh_meaning(mesh3)
+    assert mesh_meaning(mesh3["y"]) == mesh_meaning(mesh3["y"])
+    assert mesh_meaning(mesh3["y"]) != mesh_meaning(mesh3["z"])
+    copy = DeviceMesh.__new__(DeviceMesh)
+    copy.__setstate__({**mesh3.__getstate__(), "_hash": 1, "_thread_id": 2})
+    assert mesh_meaning(copy) == mesh_meaning(mesh3)
+
+
+def test_views_of_given_meshes_come_from_the_last_scan_until_one_is_missing(monkeypatch):
+    # A framework's meshes are views of a 1-D world mesh; the full view a submesh belongs
+    # to is found by scanning the process's objects. One scan serves the graphs after it,
+    # and a submesh of a view built since then makes the next call scan again.
+    from redist_opt.api import specs
+
+    scans = []
+    scan = specs.live_meshes
+    monkeypatch.setattr(specs, "live_meshes", lambda: scans.append(1) or scan())
+    world = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
+    dense = world._unflatten(0, (4, 2), ("dp", "tp"))
+    redist_opt.clear_caches()
+
+    def bases(*meshes):  # the mesh each given mesh is a set of dims of, with those dims
+        return {(id(c.device_mesh), c.scope_dims) for c in mesh_contexts(list(meshes)) if c.given}
+
+    assert bases(dense["dp"]) == {(id(dense), (0,))} and len(scans) == 1
+    assert bases(dense["tp"]) == {(id(dense), (1,))} and len(scans) == 1  # served by the last scan
+    # The pairs at distance 4 are no set of dims of the dense view: a view built for them
+    # since the last scan is found by scanning again.
+    pairs = world._unflatten(0, (2, 4), ("pair", "rest"))
+    assert bases(pairs["pair"]) == {(id(pairs), (0,))} and len(scans) == 2
+    assert bases(dense["tp"], pairs["pair"]) == {(id(dense), (1,)), (id(pairs), (0,))} and len(scans) == 2
 
 
 @pytest.mark.skipif(os.environ.get("REDIST_OPT_SKIP_INDUCTOR") == "1", reason="slow: C++ compile")

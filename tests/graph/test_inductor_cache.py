@@ -63,7 +63,8 @@ def test_disk_cache_serves_ours_to_ours_only_in_a_fresh_process(tmp_path):
     )
     # Fresh processes, same cache dir, the other order. (torch 2.13 keys a DTensor program's
     # compiles on its DeviceMesh inputs pickled with their Python hash, which differs
-    # between processes: torch misses its own AOTAutograd entry here, ours its FX entries.)
+    # between processes, so torch misses its own AOTAutograd entry here; ours keys the
+    # mesh by what it is and loads its FX entries.)
     second = run_ranks(
         P.compile_in_order, P.WORLD, (str(tmp_path), 8, 16, ("torch", "ours")), timeout=TIMEOUT_S
     )
@@ -71,6 +72,8 @@ def test_disk_cache_serves_ours_to_ours_only_in_a_fresh_process(tmp_path):
         _check(result)
     for result in first:
         assert result["runs"][1][3].get("aot_autograd.autograd_cache_saved", 0) > 0, result["runs"]
+    for result in second:  # the block has a mesh input: both graphs are loaded, not compiled
+        assert result["runs"][1][3] == {"inductor.fxgraph_cache_hit": 2}, result["runs"]
 
 
 @pytest.mark.slow
