@@ -42,15 +42,21 @@ _CACHE_COUNTERS = (
 )
 
 
+def quiet_rank() -> None:
+    """Keep a rank's output to what the bench prints: redist_opt's fallback warnings and the
+    warnings torch gives for this model on every compile are known and not the measurement."""
+    logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="DTensor random operators")
+    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
+    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+
+
 def run_first_step(rank: int, world: int, cfg: M.StepConfig, side: str, cache_dir: str) -> dict:
     """Spawned target: this rank's first step (compile included) and second step, in
     seconds, and its cache counters."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir  # read when a compile first asks
     stubbed = M.import_torchtitan()
-    logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
-    warnings.filterwarnings("ignore", message="DTensor random operators")
-    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
-    warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
+    quiet_rank()
     from torch._dynamo.utils import counters
 
     backend = "inductor" if side == "torch" else redist_opt.backend()
