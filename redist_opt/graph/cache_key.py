@@ -174,7 +174,10 @@ def _init_with_mesh_meaning(init):
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        opaque = self.dispatch_table[FakeScriptObject]
+        self.dispatch_table[DeviceMesh] = lambda mesh: (_mesh_key, ("DeviceMesh", L.mesh_meaning(mesh)))
+        opaque = self.dispatch_table.get(FakeScriptObject)
+        if opaque is None:  # a torch that pickles opaque inputs by default reaches the entry above
+            return
 
         def reduce_opaque(obj):
             if isinstance(obj.real_obj, DeviceMesh):
@@ -182,7 +185,6 @@ def _init_with_mesh_meaning(init):
             return opaque(obj)
 
         self.dispatch_table[FakeScriptObject] = reduce_opaque
-        self.dispatch_table[DeviceMesh] = lambda mesh: (_mesh_key, ("DeviceMesh", L.mesh_meaning(mesh)))
 
     return __init__
 
