@@ -67,24 +67,19 @@ def _owner(path: str):
 def run_timed_first_step(rank: int, world: int, cfg, side: str, cache_dir: str) -> dict:
     """Spawned target: this rank's first step with :data:`PHASES` timed; label -> (cpu, wall)."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    import torch
     import torch.distributed as dist
 
-    import redist_opt
     import redist_opt.graph.backend  # noqa: F401 - imported before its functions are wrapped
     from benchmarks.step_bench import model as M
-    from benchmarks.step_bench.first_step import quiet_rank
-    from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+    from benchmarks.step_bench.first_step import build_side, quiet_rank
+    from benchmarks.step_bench.worker import train_step
 
     M.import_torchtitan()
     quiet_rank()
     totals: dict = {}
     for path, name in PHASES:
         _wrap(_owner(path), name, f"{path.rsplit('.', 1)[-1]}.{name}", totals)
-    model, dims = M.build(cfg, world, compile_backend="inductor" if side == "torch" else redist_opt.backend())
-    force_sum_reduction(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    (batch,) = batches_for(dims, 1)
+    model, opt, dims, (batch,) = build_side(cfg, world, side, steps=1)
     dist.barrier()
     wall, cpu = time.perf_counter(), time.process_time()
     train_step(model, opt, dims, *batch)

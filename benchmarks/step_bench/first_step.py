@@ -51,6 +51,16 @@ def quiet_rank() -> None:
     warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
 
 
+def build_side(cfg: M.StepConfig, world: int, side: str, *, steps: int):
+    """This rank's model with every block compiled by ``side``'s backend ("torch": Inductor;
+    "ours": ``redist_opt.backend()``), its optimizer, its dims and ``steps`` batches."""
+    backend = "inductor" if side == "torch" else redist_opt.backend()
+    model, dims = M.build(cfg, world, compile_backend=backend)
+    force_sum_reduction(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    return model, opt, dims, batches_for(dims, steps)
+
+
 def run_first_step(rank: int, world: int, cfg: M.StepConfig, side: str, cache_dir: str) -> dict:
     """Spawned target: this rank's first step (compile included) and second step, in
     seconds, and its cache counters."""
@@ -59,11 +69,7 @@ def run_first_step(rank: int, world: int, cfg: M.StepConfig, side: str, cache_di
     quiet_rank()
     from torch._dynamo.utils import counters
 
-    backend = "inductor" if side == "torch" else redist_opt.backend()
-    model, dims = M.build(cfg, world, compile_backend=backend)
-    force_sum_reduction(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batches = batches_for(dims, 2)
+    model, opt, dims, batches = build_side(cfg, world, side, steps=2)
     times = []
     for data in batches:
         dist.barrier()

@@ -113,8 +113,7 @@ def live_meshes() -> list:
     # By type(o), not isinstance: isinstance falls back to reading o.__class__, which
     # runs code on proxies and lazily loaded objects; after a compile the process
     # holds hundreds of thousands of them and the scan took about a second per graph.
-    mesh_types = _subclasses(DeviceMesh)
-    return [o for o in gc.get_objects() if type(o) in mesh_types]
+    return [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
 
 
 # The full views (roots, and _unflatten views of a whole root) that the last scan found,
@@ -141,16 +140,6 @@ def scanned_full_views(*, rescan: bool) -> list:
                 continue
         _full_views_scanned = True
     return list(_full_views.values())
-
-
-def _subclasses(cls: type) -> set[type]:
-    out, todo = {cls}, [cls]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in out:
-                out.add(sub)
-                todo.append(sub)
-    return out
 
 
 def as_spec(mesh) -> MeshSpec:

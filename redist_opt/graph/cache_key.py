@@ -149,7 +149,8 @@ def meshes_keyed_by_meaning():
     is handed to the compiled code at run time, and what the graph does with it is in the
     graph, so its meaning is all the key needs. Only the key's pickler changes (entries
     are saved by another pickler), and only while ``redist_opt.backend`` compiles one of
-    its rewritten graphs (``compile_fx_inner``)."""
+    its rewritten graphs (``compile_fx_inner``); the patch is on the class, so a compile
+    another thread keys meanwhile gets the same stable key, which is as safe."""
     global _keying_depth, _pickler_init
     from torch._inductor.codecache import FxGraphCachePickler
 

@@ -145,10 +145,7 @@ def _with_full_views(meshes: list, facts: dict) -> list:
         live = [*meshes, *(v for v in scanned_full_views(rescan=rescan) if id(v) not in ids)]
         facts.update({id(v): f for v in live if id(v) not in facts and (f := _facts(v)) is not None})
         views = [v for v in live if id(v) in facts and facts[id(v)].full_view]
-        if all(
-            facts[id(m)].root_dims is not None or any(L.dims_spanned(v, m) is not None for v in views)
-            for m in meshes
-        ):
+        if all(facts[id(m)].root_dims is not None or _spanning_view(m, views) for m in meshes):
             break
     return live
 
@@ -165,11 +162,16 @@ def _base_of(m, facts: dict, views):
     f = facts[id(m)]
     if f.root_dims is not None:
         return f.root, f.root_dims
+    return _spanning_view(m, views) or (m, tuple(range(m.ndim)))
+
+
+def _spanning_view(m, views) -> tuple | None:
+    """(the first of ``views`` whose dims ``m`` is a set of, the dims it spans), or None."""
     for v in views:
         spanned = L.dims_spanned(v, m)
         if spanned is not None:
             return v, spanned
-    return m, tuple(range(m.ndim))
+    return None
 
 
 def _context(contexts: dict, mesh, facts: MeshFacts | None, *, given: bool) -> MeshContext | None:

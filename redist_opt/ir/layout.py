@@ -237,7 +237,12 @@ def root_group_names(device_mesh) -> tuple[str, ...]:
     """Names of the process groups of the root mesh's dims (empty before groups
     exist): the same on every rank, and different for two roots over the same ranks,
     so they tell such roots apart where ``id()`` (per process) cannot."""
-    return tuple(getattr(root_mesh(device_mesh), "_dim_group_names", None) or ())
+    return dim_group_names(root_mesh(device_mesh))
+
+
+def dim_group_names(device_mesh) -> tuple[str, ...]:
+    """Names of the process groups of ``device_mesh``'s own dims (empty before groups exist)."""
+    return tuple(getattr(device_mesh, "_dim_group_names", None) or ())
 
 
 def flattened_meshes(device_mesh) -> dict:
@@ -322,7 +327,7 @@ def mesh_meaning(device_mesh) -> tuple:
             m.mesh.tolist(),
             repr(device_mesh_dim_layouts(m)),
             m.mesh_dim_names,
-            tuple(getattr(m, "_dim_group_names", None) or ()),
+            dim_group_names(m),
         )
         for m in (device_mesh, root)
     ]
