@@ -99,18 +99,27 @@ def contiguous(emit, x):
     return emit(aten.clone.default, x, memory_format=torch.contiguous_format)
 
 
-def permuted(emit, x, sizes: Sequence[int], order: Sequence[int]):
-    """``x`` (contiguous, of ``sizes``) permuted by ``order``, contiguous: a copy only where the
-    permutation moves data. Axes of size 1 go anywhere without one (a sequence-parallel
-    ``[1, s, h]`` activation gathered along dim 1 is its pieces laid end to end), so
-    where only they move, the result is a view of ``x``."""
-    shape = [sizes[a] for a in order]
+def viewed(emit, x, shape: Sequence[int], new_shape: Sequence[int]):
+    """``x`` (contiguous, of ``shape``) viewed as ``new_shape``: ``x`` itself where the shapes
+    are equal. An identity view is no op on a tensor, but it is a node in a traced graph,
+    which every compiler pass after the trace visits."""
+    if list(shape) == list(new_shape):
+        return x
+    return emit(aten.view.default, x, list(new_shape))
+
+
+def rearranged(emit, x, shape: Sequence[int], sizes: Sequence[int], order: Sequence[int], out_shape):
+    """``x`` (contiguous, of ``shape``) viewed as ``sizes``, permuted by ``order``, made
+    contiguous and viewed as ``out_shape``: a copy only where the permutation moves data.
+    Axes of size 1 go anywhere without one (a sequence-parallel ``[1, s, h]`` activation
+    gathered along dim 1 is its pieces laid end to end); where only they move, the whole
+    is one view of ``x`` (none where ``out_shape`` is ``shape``), not a chain of views."""
     moving = [a for a in order if sizes[a] != 1]
     if moving == sorted(moving):
-        return emit(aten.view.default, x, shape)
-    return emit(
-        aten.clone.default, emit(aten.permute.default, x, list(order)), memory_format=torch.contiguous_format
-    )
+        return viewed(emit, x, shape, out_shape)
+    y = emit(aten.permute.default, viewed(emit, x, shape, sizes), list(order))
+    y = emit(aten.clone.default, y, memory_format=torch.contiguous_format)
+    return viewed(emit, y, [sizes[a] for a in order], out_shape)
 
 
 def pieces(emit, x, sizes: Sequence[int], dim: int) -> list:
@@ -202,7 +211,6 @@ def _unpack_even_blocks(emit, x, shape, dim, counts, blocks, slot):
     # One copy: view [..., c_0, .., c_m-1, slot, ...]; tensor dim t gathers the count axes
     # of its positions (outermost first) in front of its own axis; then merge them.
     m = len(counts)
-    viewed = emit(aten.view.default, contiguous(emit, x), [*shape[:dim], *counts, slot, *shape[dim + 1 :]])
     positions = dict(blocks)
     order, out_shape = [], []
     for t in range(len(shape)):
@@ -210,7 +218,7 @@ def _unpack_even_blocks(emit, x, shape, dim, counts, blocks, slot):
         order += [dim + p for p in pos] + [t if t < dim else t + m]
         out_shape.append((slot if t == dim else shape[t]) * math.prod(counts[p] for p in pos))
     view_shape = [*shape[:dim], *counts, slot, *shape[dim + 1 :]]
-    return emit(aten.view.default, permuted(emit, viewed, view_shape, order), out_shape)
+    return rearranged(emit, contiguous(emit, x), shape, view_shape, order, out_shape)
 
 
 def _unpack_sliced_blocks(emit, x, shape, dim, counts, blocks, slot, sizes):
@@ -277,10 +285,11 @@ def collective(name: str, shape: Sequence[int], dtype: torch.dtype, n: int, para
     return _COLLECTIVES[name](tuple(shape), n, as_real, *params)
 
 
-def stack_blocks(emit, x, shape: Sequence[int], splits: Sequence[tuple[int, int]]):
-    """``[n, *block]``: row k holds block k of the row-major grid that cuts each tensor dim ``d`` of
-    ``splits`` ((d, pieces), ..., outermost first) into equal pieces. Each cut dim is viewed as
-    (pieces, size / pieces) and the pieces axes are moved to the front: one copy at most."""
+def stack_blocks(emit, x, shape: Sequence[int], splits: Sequence[tuple[int, int]], out_shape=None):
+    """``[n, *block]`` (or that viewed as ``out_shape``): row k holds block k of the row-major grid
+    that cuts each tensor dim ``d`` of ``splits`` ((d, pieces), ..., outermost first) into equal
+    pieces. Each cut dim is viewed as (pieces, size / pieces) and the pieces axes are moved to the
+    front: one copy at most."""
     pieces = dict(splits)
     grid, block, axis = [], [], {}
     for d, size in enumerate(shape):
@@ -291,19 +300,18 @@ def stack_blocks(emit, x, shape: Sequence[int], splits: Sequence[tuple[int, int]
         block.append(size // pieces.get(d, 1))
     front = [axis[d] for d, _ in splits]
     order = front + [a for a in range(len(grid)) if a not in front]
-    x = emit(aten.view.default, contiguous(emit, x), grid)
-    if order != sorted(order):
-        x = permuted(emit, x, grid, order)
-    return emit(aten.view.default, x, [math.prod(pieces.values()), *block])
+    if out_shape is None:
+        out_shape = [math.prod(pieces.values()), *block]
+    return rearranged(emit, contiguous(emit, x), shape, grid, order, out_shape)
 
 
-def join_blocks(emit, y, n: int, block: Sequence[int], dim: int):
-    """The ``n`` rows of ``y`` (``[n, *block]``, contiguous) concatenated along ``dim``: one copy at
-    most."""
-    if dim != 0:
-        order = [*range(1, dim + 1), 0, *range(dim + 1, len(block) + 1)]
-        y = permuted(emit, y, [n, *block], order)
-    return emit(aten.view.default, y, [*block[:dim], n * block[dim], *block[dim + 1 :]])
+def join_blocks(emit, y, n: int, block: Sequence[int], dim: int, shape=None):
+    """The ``n`` rows of ``y`` (contiguous, ``[n, *block]`` or ``shape`` of as many elements)
+    concatenated along ``dim``: one copy at most."""
+    rows = [n, *block]
+    order = [*range(1, dim + 1), 0, *range(dim + 1, len(block) + 1)]
+    joined = [*block[:dim], n * block[dim], *block[dim + 1 :]]
+    return rearranged(emit, y, rows if shape is None else shape, rows, order, joined)
 
 
 def _real(emit, x, as_real: bool):
@@ -322,8 +330,7 @@ def _reduce_scatter(shape, n, as_real, op, dim):
     # The functional collective scatters dim 0: stack dim's n blocks along it first.
     def before(emit, x):
         block = [size // n if d == dim else size for d, size in enumerate(shape)]
-        rows = stack_blocks(emit, x, shape, ((dim, n),))
-        return emit(aten.view.default, rows, [n * block[0], *block[1:]])
+        return stack_blocks(emit, x, shape, ((dim, n),), out_shape=[n * block[0], *block[1:]])
 
     def issue(emit, x, group):
         return emit(C10D.reduce_scatter_tensor.default, contiguous(emit, x), op, n, group)
@@ -343,7 +350,7 @@ def _all_gather(shape, n, as_real, dim):
         y = _complex(emit, y, as_real)
         if dim == 0:
             return y
-        return join_blocks(emit, emit(aten.view.default, y, [n, *shape]), n, shape, dim)
+        return join_blocks(emit, y, n, shape, dim, shape=[n * shape[0], *shape[1:]])
 
     return Collective(before if as_real else None, issue, after if dim != 0 or as_real else None)
 

@@ -74,7 +74,9 @@ def _scan_new_modules() -> None:
     fingerprint = _modules_fingerprint()
     if fingerprint == _fingerprint:
         return
-    targets = (TORCH_REDISTRIBUTE_LOCAL, *_installed)
+    # by id: the targets are alive (held here), and a set lookup per module global
+    # keeps the scan of the thousands of modules Inductor loads cheap
+    targets = {id(t) for t in (TORCH_REDISTRIBUTE_LOCAL, *_installed)}
     loaded = dict(list(sys.modules.items()))
     for mod_name, module in loaded.items():
         if _scanned.get(mod_name) is module or _is_own_module(mod_name):
@@ -83,7 +85,7 @@ def _scan_new_modules() -> None:
         if type(namespace) is not dict:
             continue
         for attr, value in list(namespace.items()):
-            if any(value is t for t in targets):
+            if id(value) in targets:
                 _known[(id(module), attr)] = (module, attr, mod_name)
     for key, (module, _, mod_name) in list(_known.items()):  # forget modules no longer loaded
         if loaded.get(mod_name) is not module:

@@ -212,15 +212,21 @@ def test_collective_layout_around_the_exchange(case, graph_emitter, dtype):
 
 
 @pytest.mark.parametrize(
-    "kind, shape, params, copies",
+    "kind, shape, params, copies, views",
     [
-        ("all_gather", (2, 3, 2), (1,), 1),
-        ("all_gather", (1, 3, 2), (1,), 0),  # a sequence-parallel activation: views only
-        ("reduce_scatter", (2, 6, 2), ("sum", 1), 1),
-        ("reduce_scatter", (1, 6, 2), ("sum", 1), 0),
+        ("all_gather", (2, 3, 2), (1,), 1, 2),  # view, permute, clone, view
+        ("all_gather", (1, 3, 2), (1,), 0, 1),  # a sequence-parallel activation: one view
+        ("reduce_scatter", (2, 6, 2), ("sum", 1), 1, 2),
+        ("reduce_scatter", (1, 6, 2), ("sum", 1), 0, 1),
+        ("reduce_scatter", (1, 1, 6), ("sum", 2), 0, 1),
+        ("all_to_all", (1, 4, 2), (1, 2), 0, 1),
+        ("all_to_all", (4, 6), (1, 0), 1, 1),  # view, permute, clone: already [n, *block]
     ],
 )
-def test_a_layout_copies_only_where_the_blocks_are_not_end_to_end(kind, shape, params, copies):
+def test_a_layout_copies_only_where_the_blocks_are_not_end_to_end(kind, shape, params, copies, views):
+    """The layout around a collective is at most one copy between two views, and a single
+    view where the blocks lie end to end: no chain of views (each a node every compiler
+    pass after the trace visits), no view to the shape a value already has."""
     c = collective(kind, shape, torch.float32, 2, params)
     graph = fx.Graph()
     x = graph.placeholder("x")
@@ -231,3 +237,6 @@ def test_a_layout_copies_only_where_the_blocks_are_not_end_to_end(kind, shape, p
     graph.output(layout(Emitter(graph), x))
     clones = [n for n in graph.nodes if n.target is torch.ops.aten.clone.default]
     assert len(clones) == copies, graph
+    viewing = [n for n in graph.nodes if n.target is torch.ops.aten.view.default]
+    assert len(viewing) == views, graph
+    assert all(list(n.args[0].meta["val"].shape) != list(n.args[1]) for n in viewing), graph

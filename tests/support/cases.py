@@ -128,7 +128,7 @@ def two_d_cases():
         for s, d in rng.sample(pairs3, 40):
             cases.append(Case(m, s, d, rng.choice([(4, 3, 5), (2, 6, 8), (5, 0, 3)])))
     # leading dims of size 1 (a sequence-parallel [1, s, h] activation): the block layouts
-    # around gathers and scatters are views there, not copies (local_ops.permuted)
+    # around gathers and scatters are views there, not copies (local_ops.rearranged)
     for s, d in pairs:
         for shape in [(1, 24), (1, 7)]:
             cases.append(Case("2x2", s, d, shape))
