@@ -24,12 +24,11 @@ import tempfile
 import time
 import warnings
 
-import torch
 import torch.distributed as dist
 
 import redist_opt
 from benchmarks.step_bench import model as M
-from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+from benchmarks.step_bench.worker import build_training, train_step
 
 SIDES = ("torch", "ours")
 STARTS = ("cold", "warm")
@@ -55,10 +54,7 @@ def build_side(cfg: M.StepConfig, world: int, side: str, *, steps: int):
     """This rank's model with every block compiled by ``side``'s backend ("torch": Inductor;
     "ours": ``redist_opt.backend()``), its optimizer, its dims and ``steps`` batches."""
     backend = "inductor" if side == "torch" else redist_opt.backend()
-    model, dims = M.build(cfg, world, compile_backend=backend)
-    force_sum_reduction(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    return model, opt, dims, batches_for(dims, steps)
+    return build_training(cfg, world, steps=steps, compile_backend=backend)
 
 
 def run_first_step(rank: int, world: int, cfg: M.StepConfig, side: str, cache_dir: str) -> dict:

@@ -35,16 +35,14 @@ def run_routed_calls(rank: int, world: int, cfg, rounds: int, warmup: int) -> di
     import redist_opt
     from benchmarks.step_bench import model as M
     from benchmarks.step_bench.first_step import quiet_rank
-    from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+    from benchmarks.step_bench.worker import build_training, train_step
     from redist_opt.api import routing
+    from redist_opt.ir.placements import placements_str
     from redist_opt.runtime import bindings
 
     M.import_torchtitan()
     quiet_rank()
-    model, dims = M.build(cfg, world)
-    force_sum_reduction(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batches = batches_for(dims, 4)
+    model, opt, dims, batches = build_training(cfg, world, steps=4)
     # calls, wall seconds and this thread's CPU seconds inside them, in the current step
     inside = {"torch": [0, 0.0, 0.0], "ours": [0, 0.0, 0.0]}
     by_kind: dict = {"torch": {}, "ours": {}}  # placements -> the same, over the recorded steps
@@ -59,8 +57,8 @@ def run_routed_calls(rank: int, world: int, cfg, rounds: int, warmup: int) -> di
                 took = (1, time.perf_counter() - t0, time.thread_time() - c0)
                 inside[side][:] = [a + b for a, b in zip(inside[side], took)]
                 if recording[0]:
-                    change = f"{_placements(current_spec)} -> {_placements(target_spec)}"
-                    kind = f"{change} {tuple(local_tensor.shape)}"
+                    src, dst = (placements_str(spec.placements) for spec in (current_spec, target_spec))
+                    kind = f"{src} -> {dst} {tuple(local_tensor.shape)}"
                     total = by_kind[side].setdefault(kind, [0, 0.0, 0.0])
                     total[:] = [a + b for a, b in zip(total, took)]
 
@@ -98,10 +96,6 @@ def run_routed_calls(rank: int, world: int, cfg, rounds: int, warmup: int) -> di
         for side in ("torch", "ours") if r % 2 == 0 else ("ours", "torch"):
             step(side, record=True)
     return out
-
-
-def _placements(spec) -> str:
-    return "(" + ", ".join(str(p) for p in spec.placements) + ")"
 
 
 def summarize(ranks: list[dict]) -> dict:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 import redist_opt
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
-from benchmarks.step_bench.worker import batches_for, force_sum_reduction, train_step
+from benchmarks.step_bench.worker import build_training, train_step
 from redist_opt.graph_pass import GraphRewrites
 from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.tools import wall_stats
@@ -94,12 +94,9 @@ def run_wall(
     warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
     warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
     _separate_compile_caches()
-    model, dims = M.build(cfg, world)
-    force_sum_reduction(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    model, opt, dims, batches = build_training(cfg, world, steps=4)
     blocks = list(model.layers.children())
     impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers, ablate)}
-    batches = batches_for(dims, 4)
     out: dict = {
         "rank": rank,
         "stubbed": stubbed,

@@ -100,6 +100,15 @@ def _run_mode(cfg: M.StepConfig, world: int, mode: str, steps: int, warmup: int,
     return res
 
 
+def build_training(cfg: M.StepConfig, world: int, *, steps: int, compile_backend=None):
+    """This rank's model (its blocks compiled by ``compile_backend``, eager without one), its
+    AdamW optimizer, its parallel dims and ``steps`` batches: one training side of a bench."""
+    model, dims = M.build(cfg, world, compile_backend=compile_backend)
+    force_sum_reduction(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    return model, opt, dims, batches_for(dims, steps)
+
+
 def force_sum_reduction(model) -> None:
     """gloo has no PREMUL_SUM: FSDP2 must divide after a SUM reduce-scatter."""
     from torch.distributed.fsdp import FSDPModule

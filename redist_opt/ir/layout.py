@@ -110,7 +110,7 @@ def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
         if len(rank_map) == world and tuple(rank_map) == tuple(range(world)):
             out[_FlatLayout((world,), (1,))] = ("world", None)
     for d, lay in enumerate(root._layout):
-        if getattr(root, "_dim_group_names", None):
+        if dim_group_names(root):
             out[lay] = (root, d)
     for flat in root._flatten_mapping.values():
         out[flat._layout.collapse()] = (flat, 0)
