@@ -43,7 +43,7 @@ import redist_opt
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.layout import rank_lists
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.runtime import torch_dtensor
+from redist_opt.torch_api import dtensor as torch_dtensor
 from redist_opt.tools import quality
 from redist_opt.tools.args import CliError
 from redist_opt.tools.corpus import CATEGORIES, CorpusCase

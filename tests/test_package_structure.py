@@ -54,7 +54,7 @@ TORCH_INTERNALS = re.compile(
     r"\._get_root_mesh\b|\._layout\b|\._flatten_mapping\b|\._local_ints\b|_get_default_store\b"
     r"|_gen_transform_infos\b|\bDTensorSpec\b|\b_MeshLayout\b|_resolve_process_group\b"
 )
-INTERNALS_MODULES = {"ir/layout.py", "runtime/torch_dtensor.py"}
+INTERNALS_MODULES = {"ir/layout.py", "torch_api/dtensor.py"}
 # The one module that decides a round over a c10d store (``compare_set``): every
 # agreement across ranks goes through it.
 STORE_ROUND_MODULE = "runtime/store_round.py"

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from redist_opt.api import errors, routing
 from redist_opt.ir.placements import placements_str
 from redist_opt.runtime import bindings
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 # op name (namespace-free) -> the kind reported
 KINDS = {

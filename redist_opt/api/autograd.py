@@ -13,7 +13,7 @@ from torch.distributed.tensor.placement_types import Replicate
 
 from redist_opt.api import eager
 from redist_opt.ir.options import PlanOptions
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["apply_redistribute"]
 

@@ -30,7 +30,7 @@ from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["redistribute_cost", "plan_cost", "torch_cost_reason"]
 

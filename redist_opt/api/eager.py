@@ -37,7 +37,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import consensus
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.execute import check_local_shape, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
 from redist_opt.runtime.specialize import specialize

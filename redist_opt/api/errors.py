@@ -7,7 +7,7 @@ import logging
 import warnings
 
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["warn_once", "torch_typed", "as_torch_error"]
 

@@ -21,7 +21,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.ops import local_shape
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, normalize_placements, placement_str, placements_str
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.execute import check_local_shape
 
 __all__ = ["redistribute"]

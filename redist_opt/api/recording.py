@@ -58,7 +58,7 @@ from redist_opt.api.routing import OBSERVERS, enabled
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.placements import RedistributeError, placement_str
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["RECORD_FORMAT", "Recording", "record", "call_site"]
 

@@ -37,7 +37,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import bindings
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = [
     "enabled",

@@ -52,7 +52,7 @@ from redist_opt.ir import cost_fit
 from redist_opt.ir.cost import CostModel, load_profile, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from redist_opt.runtime.torch_dtensor import (
+from redist_opt.torch_api.dtensor import (
     REDISTRIBUTE_LOCAL_PATCH_POINTS,
     TORCH_REDISTRIBUTE_LOCAL,
     importable,

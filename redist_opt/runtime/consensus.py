@@ -35,7 +35,7 @@ import torch.distributed as dist
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
 from redist_opt.runtime import store_round
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.store_round import WAITS  # every round's wait, read by the fault harness
 
 __all__ = [

@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.specialize import rank_coordinates, specialize
 
 __all__ = ["execute", "check_local_shape", "input_shape"]

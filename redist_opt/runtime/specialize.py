@@ -39,7 +39,7 @@ import torch.fx as fx
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.local_ops import EAGER, Collective, collective, run_local_op
 from redist_opt.ir.ops import ir_name
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.groups import resolve_group
 
 __all__ = ["RankProgram", "specialize", "rank_coordinates"]

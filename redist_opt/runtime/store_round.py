@@ -44,7 +44,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["Verdict", "Rounds", "run_round", "bound_s", "digest", "clear_caches", "generation", "WAITS"]
 

@@ -26,7 +26,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
-from redist_opt.runtime.torch_dtensor import reference_semantics
+from redist_opt.torch_api.dtensor import reference_semantics
 from redist_opt.tools import wall_stats
 from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks

@@ -18,7 +18,7 @@ import redist_opt
 from redist_opt.api import planning, specs
 from redist_opt.ir import cost
 from redist_opt.ir.cost import CostModel
-from redist_opt.runtime.torch_dtensor import reference_semantics
+from redist_opt.torch_api.dtensor import reference_semantics
 
 
 def test_backward_matches_torch():

@@ -20,7 +20,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api import routing
 from redist_opt.ir.cost import CostModel
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 

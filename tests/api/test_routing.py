@@ -25,7 +25,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
 from redist_opt.api import routing
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 
 def _patched_names():

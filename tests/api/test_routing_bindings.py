@@ -20,7 +20,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
 from redist_opt.api import routing
-from redist_opt.runtime import torch_dtensor as tdt
+from redist_opt.torch_api import dtensor as tdt
 
 TORCH_FN = tdt.TORCH_REDISTRIBUTE_LOCAL
 ROUTED = routing.routed_redistribute_local_tensor
@@ -33,7 +33,7 @@ from torch.distributed.tensor._redistribute import redistribute_local_tensor as 
 def run(dt, placements):
     # what autoparallel's ordered_sharding does: call the name it imported
     from torch.distributed.tensor import DTensor
-    from redist_opt.runtime import torch_dtensor as tdt
+    from redist_opt.torch_api import dtensor as tdt
 
     target = tdt.respec(tdt.spec_of_dtensor(dt), placements=placements)
     local = redistribute_local_tensor(tdt.local_tensor_of(dt), tdt.spec_of_dtensor(dt), target)

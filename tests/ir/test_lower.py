@@ -3,7 +3,7 @@
 ``redist_opt.ir.lower.greedy_steps`` replays ``generate_greedy_transform_infos``
 (torch/distributed/tensor/_redistribute.py) on a rank-free ``MeshSpec``, with
 sizes as expressions in the mesh coordinates. Torch's planner is reached through
-``redist_opt.runtime.torch_dtensor.torch_plan_steps`` (``_gen_transform_infos``
+``redist_opt.torch_api.dtensor.torch_plan_steps`` (``_gen_transform_infos``
 without its cache), run under ``LocalTensorMode`` so that its logical shapes
 hold every simulated rank's value.
 
@@ -32,7 +32,7 @@ from torch.distributed._local_tensor import LocalTensorMode, _int_on_rank
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.lower import greedy_steps
 from redist_opt.ir.mesh import MeshSpec
-from redist_opt.runtime.torch_dtensor import torch_plan_steps
+from redist_opt.torch_api.dtensor import torch_plan_steps
 
 
 def _planner_cases() -> dict[tuple[str, str], list[tuple]]:

@@ -321,7 +321,7 @@ def test_mask_partial_embedding_equal_to_torch_without_hand_back(output):
 def test_uneven_all_gather_merge_detection(flatten, shape, hits):
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    from redist_opt.runtime import torch_dtensor as tdt
+    from redist_opt.torch_api import dtensor as tdt
 
     ensure_fake_pg()
     with LocalTensorMode(4):
@@ -341,7 +341,7 @@ def test_uneven_all_gather_merge_detection_with_per_rank_sizes(size, hits):
     # for 3, where the sizes of c and b do not order the same way on every rank.
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    from redist_opt.runtime import torch_dtensor as tdt
+    from redist_opt.torch_api import dtensor as tdt
 
     ensure_fake_pg()
     with LocalTensorMode(8):
@@ -357,7 +357,7 @@ def test_uneven_all_gather_merge_detection_with_per_rank_sizes(size, hits):
 def test_sizes_on_every_rank():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from redist_opt.runtime import torch_dtensor as tdt
+    from redist_opt.torch_api import dtensor as tdt
 
     ensure_fake_pg()
     assert tdt.ints_on_every_rank(6) == (6,)

@@ -1,0 +1,102 @@
+"""The installed torch's release, and the one way a boundary module reaches a
+private torch name: loudly.
+
+:func:`private` imports ``module`` and reads ``name`` from it; when either is
+missing it raises :class:`TorchAPIError`, an ``ImportError`` that names the
+module, the name and the installed torch version. A boundary module calls it at
+import for names every supported release has, and inside the function that
+needs it for names only some releases have, so a missing name fails where it is
+first used and never turns into a silent default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import warnings
+
+import torch
+
+__all__ = [
+    "TORCH_VERSION",
+    "TORCH_VERSION_STRING",
+    "SUPPORTED",
+    "TorchAPIError",
+    "at_least",
+    "private",
+    "has_private",
+]
+
+TORCH_VERSION_STRING: str = torch.__version__.split("+")[0]
+
+
+def _release(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise TorchAPIError(f"redist_opt cannot read torch's version from {torch.__version__!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+class TorchAPIError(ImportError):
+    """A private torch name redist_opt needs is missing or changed in the installed
+    torch (the message names it and the version)."""
+
+
+# (major, minor) of the installed torch.
+TORCH_VERSION: tuple[int, int] = _release(torch.__version__)
+
+# The releases redist_opt is checked on, oldest and newest (pyproject.toml states the same range).
+SUPPORTED: tuple[tuple[int, int], tuple[int, int]] = ((2, 11), (2, 15))
+
+
+def at_least(major: int, minor: int) -> bool:
+    """Whether the installed torch is release ``major.minor`` or newer."""
+    return TORCH_VERSION >= (major, minor)
+
+
+def private(module: str, name: str | None = None):
+    """``module`` (a torch module path) or its attribute ``name`` (dotted for a
+    nested one: ``"DeviceMesh._flatten"``), or :class:`TorchAPIError` naming the
+    missing name and the installed torch version."""
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise TorchAPIError(
+            f"redist_opt needs torch's private module {module}, which torch {torch.__version__} "
+            f"does not have ({e}); redist_opt is checked on torch {_range()}"
+        ) from e
+    if name is None:
+        return obj
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise TorchAPIError(
+                f"redist_opt needs torch's private name {module}.{name}, which torch "
+                f"{torch.__version__} does not have; redist_opt is checked on torch {_range()}"
+            ) from e
+    return obj
+
+
+def has_private(module: str, name: str) -> bool:
+    """Whether the installed torch has ``module.name``: for the few places that
+    pick a release's spelling of one thing (the caller names the releases)."""
+    try:
+        private(module, name)
+    except TorchAPIError:
+        return False
+    return True
+
+
+def _range() -> str:
+    (a, b), (c, d) = SUPPORTED
+    return f"{a}.{b} to {c}.{d}"
+
+
+if not (SUPPORTED[0] <= TORCH_VERSION <= SUPPORTED[1]):
+    warnings.warn(
+        f"redist_opt is checked on torch {_range()}; torch {torch.__version__} is installed. "
+        "A private torch name that moved raises TorchAPIError naming it.",
+        UserWarning,
+        stacklevel=2,
+    )
