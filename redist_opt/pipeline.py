@@ -56,7 +56,7 @@ from redist_opt.passes import (
     ReorderCollectives,
 )
 
-__all__ = ["run_pipeline", "clear_cache", "ORDER"]
+__all__ = ["run_pipeline", "check_pass_names", "clear_cache", "ORDER"]
 
 OnChange = Callable[[str | None, Plan], None]
 
@@ -85,6 +85,7 @@ def run_pipeline(
         options = dataclasses.replace(options, cost=cost)
     else:
         source = "passed as cost="
+    check_pass_names(options)
     if on_change is not None:  # reporting: run uncached, so every run reports
         result = _run_cached.__wrapped__(p, options, source, on_change)
     else:
@@ -92,6 +93,25 @@ def run_pipeline(
     if options.max_collectives == "any" or p.fallback or options.passes is not None:
         return result  # a pass list the caller chose runs as given (``passes=()``: torch's own steps)
     return _within_cap(p, result, options, source)
+
+
+def check_pass_names(options: PlanOptions) -> None:
+    """Raise ``RedistributeError`` when ``options.without`` or the cost profile's
+    ``slower_in_steps`` names a pass the default pipeline does not have (a typo there
+    would silently leave a rewrite in)."""
+    known = {cls.name for cls in DEFAULT_PIPELINE}
+    unknown = sorted(set(options.without) - known)
+    if unknown:
+        raise RedistributeError(
+            f"without={list(options.without)!r}: unknown passes {unknown} (known: {sorted(known)})"
+        )
+    if options.cost is not None:
+        unknown = sorted(set(options.cost.slower_in_steps) - known)
+        if unknown:
+            raise RedistributeError(
+                f"cost profile {options.cost.name!r}: slower_in_steps names unknown passes {unknown} "
+                f"(known: {sorted(known)})"
+            )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -105,7 +125,12 @@ def _within_cap(p: Plan, result: Plan, options: PlanOptions, source) -> Plan:
         return result
     candidates = []
     if options.prefer != "consistency":
-        merged = _run_cached(p, dataclasses.replace(options, prefer="consistency"), source)
+        # every reduction a group allows, but still without the passes ``options`` leaves
+        # out (``without``, and the profile's ``slower_in_steps``): the cap never re-admits them
+        consistent = dataclasses.replace(
+            options, prefer="consistency", without=tuple(sorted(_left_out_names(options)))
+        )
+        merged = _run_cached(p, consistent, source)
         if merged.num_collectives <= cap:
             candidates.append(merged)
     candidates.append(
@@ -156,7 +181,7 @@ def _constraints(instances: list[_Tracked]) -> list:
 @functools.lru_cache(maxsize=4096)
 def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
     pass_classes = DEFAULT_PIPELINE if options.passes is None else list(options.passes)
-    left_out = _slower_in_steps(pass_classes, options)
+    left_out = _left_out(pass_classes, options)
     pass_classes = [c for c in pass_classes if c not in left_out]
     if not pass_classes:
         return p
@@ -209,15 +234,24 @@ def _run_cached(p: Plan, options: PlanOptions, source, on_change=None) -> Plan:
     return snapshot(result.graph_module)
 
 
-def _slower_in_steps(pass_classes, options: PlanOptions) -> set:
-    """The default pipeline's passes that the cost profile lists as making measured training
-    steps slower (``CostModel.slower_in_steps``): left out, except under
-    ``prefer="consistency"``, which asks for the fewest collectives whatever the time, and
-    in a pass list the caller chose, which runs as given."""
-    if options.passes is not None or options.prefer == "consistency":
+def _left_out(pass_classes, options: PlanOptions) -> set:
+    """The passes of ``pass_classes`` that ``options`` leaves out (:func:`_left_out_names`)."""
+    names = _left_out_names(options)
+    return {c for c in pass_classes if c.name in names}
+
+
+def _left_out_names(options: PlanOptions) -> set:
+    """Names of the default pipeline's passes that ``options`` leaves out: those named in
+    ``without``, and those the cost profile lists as making measured training steps slower
+    (``CostModel.slower_in_steps``). The profile's list is not applied under
+    ``prefer="consistency"`` asked by the caller, which asks for the fewest collectives
+    whatever the time, nor to a pass list the caller chose, which runs as given."""
+    if options.passes is not None:
         return set()
-    slower = set(options.cost.slower_in_steps)
-    return {c for c in pass_classes if c.name in slower}
+    names = set(options.without)
+    if options.prefer != "consistency":
+        names |= set(options.cost.slower_in_steps)
+    return names
 
 
 def _verifier(p: Plan):

@@ -190,7 +190,9 @@ def ablation_arguments(kind: str) -> dict:
         return {"rewrites": GraphRewrites(**{kind: False})}
     if kind not in ABLATIONS:
         raise ValueError(f"ablate={kind!r}: expected one of {', '.join(ABLATIONS)}")
-    return {"passes": [p for p in DEFAULT_PIPELINE if p.name != kind]}
+    # ``without`` leaves this one pass out and keeps the rest of the default planning,
+    # the collective cap included (a ``passes=[...]`` list would switch the cap off too)
+    return {"without": (kind,)}
 
 
 def _tuned_impls(blocks: list, compiler: str, step, cfg: M.StepConfig, tune_steps: int) -> list:

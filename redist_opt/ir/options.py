@@ -22,7 +22,10 @@ Fields:
   backend's profile); stored as the ``CostModel`` it names;
 - ``prefer``: "time", or "consistency" to merge every reduction a group allows;
 - ``max_collectives``: "torch" caps a plan's collectives at torch 2.13's
-  shipped plan's; "any" lets the cost model trade launches for bytes.
+  shipped plan's; "any" lets the cost model trade launches for bytes;
+- ``without``: names of default-pipeline passes to leave out, everything else
+  kept (the collective cap included): what an ablation turns off. Unlike
+  ``passes``, it keeps the cap; an unknown name raises when the pipeline runs.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ __all__ = ["PlanOptions", "GROUP_POLICIES", "MAX_COLLECTIVES", "PREFER"]
 GROUP_POLICIES = ("existing", "create")
 MAX_COLLECTIVES = ("torch", "any")
 PREFER = ("time", "consistency")
-_FIELD_ORDER = ("groups", "passes", "cost", "prefer", "max_collectives")
+_FIELD_ORDER = ("groups", "passes", "cost", "prefer", "max_collectives", "without")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class PlanOptions:
     cost: CostModel | None = None
     prefer: str = "time"
     max_collectives: str = "torch"
+    without: tuple = ()
 
     def __post_init__(self) -> None:
         # Normalizing in __post_init__ (the dataclass idiom for frozen classes) keeps
@@ -58,6 +62,7 @@ class PlanOptions:
         object.__setattr__(self, "groups", _groups(self.groups))
         object.__setattr__(self, "passes", _passes(self.passes))
         object.__setattr__(self, "cost", _cost(self.cost))
+        object.__setattr__(self, "without", _without(self.without))
         if self.prefer not in PREFER:
             raise RedistributeError(f"prefer={self.prefer!r}: expected 'time' or 'consistency'")
         if self.max_collectives not in MAX_COLLECTIVES:
@@ -121,6 +126,19 @@ def _passes(passes):
     if isinstance(passes, (str, bytes)) or not isinstance(passes, (Sequence, set, frozenset)):
         raise RedistributeError(f"passes={passes!r}: expected a list of pass classes, or None")
     return tuple(passes)
+
+
+def _without(without):
+    """Pass names (or pass classes, read by their ``name``) as a sorted tuple of names."""
+    if isinstance(without, (str, bytes)) or not isinstance(without, (Sequence, set, frozenset)):
+        raise RedistributeError(f"without={without!r}: expected a list of pass names")
+    names = []
+    for item in without:
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if not isinstance(name, str) or not name:
+            raise RedistributeError(f"without={without!r}: {item!r} is not a pass name or pass class")
+        names.append(name)
+    return tuple(sorted(set(names)))
 
 
 def _cost(cost):

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 
-from redist_opt.ir.cost import KINDS, CostModel
+from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS, CostModel
 from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
@@ -197,6 +197,11 @@ def _fit(
     model, fit = fit_profile(
         measurements, creation, f"{backend}-calibrated-{len(per_rank)}", extra.get("devices_per_host")
     )
+    # Calibration measures collectives alone; the decisions measured inside training
+    # steps (which rewrites made steps slower) are not re-measured here, so the profile
+    # keeps the backend's built-in ones rather than silently letting those rewrites back in.
+    base = CostModel.profile(backend) if backend in BUILTIN_PROFILES else CostModel.default()
+    model = dataclasses.replace(model, slower_in_steps=base.slower_in_steps)
     record = {
         "backend": backend,
         "device": device,
@@ -216,6 +221,7 @@ def _fit(
         "measuring_s": max(r["worker_s"] for r in per_rank),
         "load_average": loadavg(),
         "fit": fit,
+        "slower_in_steps_from": f"the built-in {base.name!r} profile (in-step decisions are not re-measured)",
         "group_creation_s": list(creation),
         "measurements": measurements,
         **extra,
@@ -259,6 +265,8 @@ def format_calibration(model: CostModel, record: dict) -> str:
         f"  per-call + per-byte terms fitted for {len({r[:3] for r in model.fitted})} "
         "(collective, group size, "
         f"link) curves (devices_per_host={model.devices_per_host}); the modelled tables below use them",
+        f"  rewrites left out as slower inside training steps: {list(model.slower_in_steps) or 'none'}, "
+        f"kept from {record.get('slower_in_steps_from', 'the base profile')}",
     ]
     rows: dict[tuple, dict[int, dict]] = {}
     for m in record["measurements"]:

@@ -271,3 +271,60 @@ def test_cap_on_live_meshes_is_torchs_count(kind, flattened, src, dst):
         assert capped.num_collectives <= run.total
         if free.num_collectives <= run.total:  # within torch's count: the cap leaves the choice alone
             assert capped.num_collectives == free.num_collectives
+
+
+# ----------------------------------------------------------------------------
+# Left-out passes stay out: the cap's rerun, ``without``, unknown names
+# ----------------------------------------------------------------------------
+
+
+def _capped_loss_reduction():
+    """``P,P,R -> R,R,R`` on 2x2x2 with a+b flattened: under the ring profile the passes
+    split torch's one all_reduce in two, the cap fires, and its rerun merges the
+    reductions with merge-reductions."""
+    spec = redist_opt.MeshSpec((2, 2, 2), ("a", "b", "c"), flattened=[("a", "b")])
+    return redist_opt.plan(spec, "P,P,R", "R,R,R", shape=(4096,)), CostModel.profile("gloo-ring")
+
+
+def test_the_caps_rerun_keeps_the_passes_the_profile_leaves_out():
+    p, ring = _capped_loss_reduction()
+    capped = redist_opt.optimize(p, cost=ring)
+    assert any(n.pass_name == "collective-cap" for n in capped.notes)
+    assert capped.applied_passes == ("merge-reductions",)  # the rerun's plan
+    leaves_it_out = dataclasses.replace(ring, slower_in_steps=("merge-reductions",))
+    kept = redist_opt.optimize(p, cost=leaves_it_out)
+    assert "merge-reductions" not in kept.applied_passes
+    assert kept.num_collectives <= torch_collective_count(p)
+
+
+def test_the_caps_rerun_keeps_the_passes_without_leaves_out():
+    p, ring = _capped_loss_reduction()
+    kept = redist_opt.optimize(p, cost=ring, without=["merge-reductions"])
+    assert "merge-reductions" not in kept.applied_passes
+    assert kept.num_collectives <= torch_collective_count(p)
+
+
+def test_without_turns_one_pass_off_and_keeps_the_cap_where_a_pass_list_does_not():
+    p, ring = _capped_loss_reduction()
+    from redist_opt.passes import DEFAULT_PIPELINE
+
+    others = [c for c in DEFAULT_PIPELINE if c.name != "merge-reductions"]
+    as_list = redist_opt.optimize(p, cost=ring, passes=others)  # a caller's list: no cap
+    assert as_list.num_collectives > torch_collective_count(p)
+    without = redist_opt.optimize(p, cost=ring, without=["merge-reductions"])
+    assert without.num_collectives <= torch_collective_count(p)
+    # pass classes are read by name: the same options value
+    assert redist_opt.PlanOptions(without=[DEFAULT_PIPELINE[0]]) == redist_opt.PlanOptions(
+        without=[DEFAULT_PIPELINE[0].name]
+    )
+
+
+def test_unknown_pass_names_raise_naming_the_profile_or_the_option():
+    p, ring = _capped_loss_reduction()
+    typo = dataclasses.replace(ring, name="my-profile", slower_in_steps=("merge-reduction",))
+    with pytest.raises(RedistributeError, match=r"cost profile 'my-profile'.*'merge-reduction'"):
+        redist_opt.optimize(p, cost=typo)
+    with pytest.raises(RedistributeError, match=r"without=.*'fuse'"):
+        redist_opt.optimize(p, cost=ring, without=["fuse"])
+    with pytest.raises(RedistributeError, match="without="):
+        redist_opt.PlanOptions(without="merge-reductions")  # a string, not a list

@@ -288,6 +288,10 @@ def test_launched_calibrate_on_two_hosts_of_two_ranks(tmp_path):
         2,
     )
     assert model.devices_per_host == 2
+    # calibration measures collectives alone: the in-step decisions of the gloo profile are kept, and said so
+    assert model.slower_in_steps == CostModel.profile("gloo").slower_in_steps != ()
+    assert "built-in 'gloo' profile" in cal["slower_in_steps_from"]
+    assert "rewrites left out as slower inside training steps" in outputs[0]
     groups = {(m["group"], m["p"], m["link"]) for m in cal["measurements"]}
     # dim d1 (stride 1) stays on a host, d0 and the whole mesh span both.
     assert groups == {
