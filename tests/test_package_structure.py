@@ -2,8 +2,9 @@
 
 Layers and cycles are import-linter's job (``lint-imports``, contracts in
 pyproject.toml); these are the rules it cannot express: module and function
-sizes, imports of our own modules inside functions, which modules read
-torch's private DTensor / DeviceMesh / c10d internals, what ``import redist_opt``
+sizes, imports of our own modules inside functions, that torch's private names
+are reached only inside ``redist_opt/torch_api/`` (each boundary module declaring
+the names it reaches and the releases that have them), what ``import redist_opt``
 loads, and that no shipped module stubs ``sys.modules``.
 
 The walk follows symlinks: ``redist_opt/passes`` is a symlink to the top-level
@@ -15,16 +16,26 @@ check that a pass file breaking a rule fails it.
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
 import os
 import pathlib
-import re
+import pkgutil
 import subprocess
 import sys
+import warnings
 
 import pytest
+from support.private_torch_names import (
+    own_private_names,
+    private_uses,
+    torch_private_attributes_by_type,
+)
 
 import redist_opt
 import redist_opt.passes
+import redist_opt.torch_api
+from redist_opt.torch_api.version import has_private
 
 
 def package_modules(root: pathlib.Path) -> list[pathlib.Path]:
@@ -49,12 +60,8 @@ MAX_FUNCTION_STATEMENTS = 60
 # Imports of our own modules inside functions: only for heavy optional
 # dependencies, and few of them.
 MAX_FUNCTION_LEVEL_IMPORTS = 6
-# torch internals a torch upgrade may move: read only in these two modules.
-TORCH_INTERNALS = re.compile(
-    r"\._get_root_mesh\b|\._layout\b|\._flatten_mapping\b|\._local_ints\b|_get_default_store\b"
-    r"|_gen_transform_infos\b|\bDTensorSpec\b|\b_MeshLayout\b|_resolve_process_group\b"
-)
-INTERNALS_MODULES = {"ir/layout.py", "torch_api/dtensor.py"}
+# torch's private names (a torch upgrade may move them): reached only in these modules.
+BOUNDARY = "torch_api/"
 # The one module that decides a round over a c10d store (``compare_set``): every
 # agreement across ranks goes through it.
 STORE_ROUND_MODULE = "runtime/store_round.py"
@@ -101,14 +108,30 @@ def own_imports_in_functions(path: pathlib.Path, root: pathlib.Path = PACKAGE):
                 yield f"{_rel(path, root)}:{node.lineno} ({f.name})"
 
 
-def torch_internal_readers(paths, root: pathlib.Path = PACKAGE) -> dict[str, list[str]]:
-    """{module: the torch internals it reads}, outside ``INTERNALS_MODULES``."""
+@functools.cache
+def torch_attributes_by_type() -> dict[str, frozenset[str]]:
+    """{type: private attribute names} of torch's DeviceMesh, DTensor, DTensorSpec,
+    LocalTensor, SymNode, ... as built under the fake backend by this Python's torch."""
+    return torch_private_attributes_by_type(sys.executable)
+
+
+def torch_private_attributes(paths, root: pathlib.Path = PACKAGE) -> frozenset[str]:
+    """Private attributes of torch's objects, less the names the package's modules
+    outside the boundary define themselves (their own classes' ``_hash``)."""
+    own = own_private_names(p.read_text() for p in paths if not _rel(p, root).startswith(BOUNDARY))
+    return frozenset().union(*torch_attributes_by_type().values()) - own
+
+
+def private_torch_readers(paths, root: pathlib.Path = PACKAGE) -> dict[str, list[str]]:
+    """{module: ["line: private torch name", ...]} outside ``redist_opt/torch_api/``."""
+    attributes = torch_private_attributes(paths, root)
     readers = {}
     for path in paths:
-        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
-        hits = sorted(set(TORCH_INTERNALS.findall(code)))
-        if hits and _rel(path, root) not in INTERNALS_MODULES:
-            readers[_rel(path, root)] = hits
+        if _rel(path, root).startswith(BOUNDARY):
+            continue
+        uses = private_uses(path.read_text(), attributes)
+        if uses:
+            readers[_rel(path, root)] = [f"{line}: {name}" for line, name in uses]
     return readers
 
 
@@ -154,8 +177,10 @@ def test_few_function_level_imports_of_our_own_modules():
     assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
 
 
-def test_torch_internals_are_read_in_two_modules_only():
-    readers = torch_internal_readers(MODULES)
+def test_private_torch_names_are_reached_only_in_torch_api():
+    """Every private torch name (a ``_`` component of a torch path, or a private
+    attribute of torch's distributed objects) outside ``redist_opt/torch_api/``."""
+    readers = private_torch_readers(MODULES)
     assert not readers, readers
 
 
@@ -200,7 +225,9 @@ def test_a_pass_file_breaking_the_rules_is_found(package_with_a_bad_pass):
     assert oversized(bad) == MAX_MODULE_STATEMENTS + MAX_FUNCTION_STATEMENTS + 3
     assert long_functions(bad) == [f"run ({MAX_FUNCTION_STATEMENTS + 2} statements, line 4)"]
     assert list(own_imports_in_functions(bad, pkg)) == ["passes/bad_pass.py:5 (run)"]
-    assert torch_internal_readers(modules, pkg) == {"passes/bad_pass.py": ["DTensorSpec"]}
+    assert private_torch_readers(modules, pkg) == {
+        "passes/bad_pass.py": ["1: torch.distributed.tensor._dtensor_spec.DTensorSpec"]
+    }
 
 
 def test_import_loads_no_renderer_cli_or_benchmark():
@@ -270,3 +297,147 @@ def test_no_shipped_module_stubs_sys_modules():
     assert _stubs_sys_modules(
         ast.parse("import sys\nsys.modules['triton'] = object()\ndel sys.modules['x']")
     ) == [2, 3]
+
+
+# -- the private-name check finds each kind of use ------------------------------------------
+
+VIOLATIONS = """\
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.tensor._redistribute import redistribute_local_tensor
+from torch.distributed.tensor.placement_types import Shard, _StridedShard
+from torch._inductor import config
+from redist_opt.ir import layout
+
+C10D = torch.ops._c10d_functional
+cast = torch.ops.aten._to_copy.default
+node = torch._C._current_autograd_node()
+store = dist.distributed_c10d._get_default_store()
+
+
+class Mine:
+    def __init__(self):
+        self._hash = 1
+
+
+def f(mesh, dt, c, spec_like):
+    import importlib
+
+    importlib.import_module("torch.distributed.tensor._api")
+    mesh._flatten("x")
+    getattr(c.node, "_local_ints", None)
+    hasattr(dt, "_spec")
+    layout._layout(mesh)
+    spec_like._hash
+    return dt.to_local(), Shard(0)
+"""
+
+
+def test_the_private_name_check_reports_each_violation(tmp_path):
+    source = tmp_path / "violations.py"
+    source.write_text(VIOLATIONS)
+    found = private_torch_readers([source], tmp_path)["violations.py"]
+    assert found == [
+        "3: torch.distributed._functional_collectives",
+        "4: torch.distributed.tensor._redistribute.redistribute_local_tensor",
+        "5: torch.distributed.tensor.placement_types._StridedShard",
+        "6: torch._inductor.config",
+        "9: torch.ops._c10d_functional",
+        "11: torch._C._current_autograd_node",
+        "12: torch.distributed.distributed_c10d._get_default_store",
+        "23: torch.distributed.tensor._api",
+        "24: <torch object>._flatten",
+        "25: <torch object>._local_ints",
+        "26: <torch object>._spec",
+    ]
+    # not reported: public names, a core ATen op (line 10), a private module-level name of
+    # one of our own modules (layout._layout), an attribute our own class defines (_hash)
+
+
+# -- each boundary module declares the private names it reaches, and they resolve -----------
+
+BOUNDARY_MODULES = sorted(
+    m.name for m in pkgutil.iter_modules(redist_opt.torch_api.__path__) if m.name != "version"
+)
+
+
+def _covered(use: str, declared) -> bool:
+    """Whether a use the AST check found is one of ``declared`` (a PrivateName tuple): the
+    name itself, a module whose names are declared, a member of a declared object, or a
+    private attribute some declared ``Class._attr`` names."""
+    if use.startswith("<torch object>."):
+        attr = use.split(".", 1)[1]
+        return any(d.name is not None and d.name.split(".")[-1] == attr for d in declared)
+    return any(
+        use == d.path or d.path.startswith(use + ".") or (d.name is not None and use.startswith(d.path + "."))
+        for d in declared
+    )
+
+
+def test_there_are_boundary_modules():
+    assert {"dtensor", "mesh", "c10d", "tracing", "inductor", "functorch", "local_tensor"} <= set(
+        BOUNDARY_MODULES
+    )
+
+
+@pytest.mark.parametrize("name", BOUNDARY_MODULES)
+def test_a_boundary_module_declares_the_private_names_it_reaches(name):
+    module = importlib.import_module(f"redist_opt.torch_api.{name}")
+    declared = getattr(module, "PRIVATE_NAMES", None)
+    assert declared, f"redist_opt.torch_api.{name} declares no PRIVATE_NAMES"
+    attributes = torch_private_attributes(MODULES)
+    uses = private_uses(pathlib.Path(module.__file__).read_text(), attributes)
+    undeclared = sorted({use for _, use in uses if not _covered(use, declared)})
+    assert not undeclared, f"redist_opt.torch_api.{name} reaches undeclared private names: {undeclared}"
+
+
+@pytest.mark.parametrize("name", BOUNDARY_MODULES)
+def test_each_declared_private_name_resolves_on_this_torch(name):
+    """A name this release should have resolves (an instance attribute: on a real
+    object of its class); one it should not have is absent, so the table stays true."""
+    module = importlib.import_module(f"redist_opt.torch_api.{name}")
+    by_type = torch_attributes_by_type()
+    wrong = []
+    for decl in getattr(module, "PRIVATE_NAMES", ()):
+        owner, _, attr = (decl.name or "").rpartition(".")
+        with warnings.catch_warnings():  # 2.15's deprecated config aliases warn when read
+            warnings.simplefilter("ignore")
+            if decl.instance:
+                owner_type = owner.rsplit(".", 1)[-1]
+                assert owner_type in by_type, f"{decl.path}: no {owner_type} object is built to check it"
+                present = has_private(decl.module, owner) and attr in by_type[owner_type]
+            else:
+                present = has_private(decl.module, decl.name) if decl.name else _importable(decl.module)
+        if present != decl.expected:
+            wrong.append(f"{decl.path} ({decl.releases()}): {'present' if present else 'missing'}")
+    assert not wrong, f"torch {torch_version()}: {wrong}"
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def test_a_name_is_covered_only_by_its_own_declaration():
+    from redist_opt.torch_api.version import PrivateName
+
+    declared = (
+        PrivateName("torch.x._y"),
+        PrivateName("torch.x._y", "Klass"),
+        PrivateName("torch.a", "B._c", instance=True),
+    )
+    assert _covered("torch.x._y", declared)
+    assert _covered("torch.x._y.Klass.method", declared)  # a member of a declared object
+    assert not _covered("torch.x._y._other", declared)  # a declared module does not cover its names
+    assert _covered("<torch object>._c", declared)
+    assert not _covered("<torch object>._d", declared)

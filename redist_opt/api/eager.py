@@ -31,16 +31,16 @@ from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt.api import planning
 from redist_opt.api.errors import warn_once
-from redist_opt.api.planning import HotPlan, plans_for
+from redist_opt.api.planning import HotPlan, fallback_reason, plans_for
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import consensus
-from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.execute import check_local_shape, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
 from redist_opt.runtime.specialize import specialize
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["redistribute_local_tensor", "cached_runner"]
 
@@ -74,15 +74,23 @@ def redistribute_local_tensor(
         if reason is None and masks and tdt.is_mask_partial(target_spec.placements[masks[0]]):
             d = masks[0]  # Replicate -> _MaskPartial: torch's partition, no collective
             return tdt.mask_partition(target_spec.placements[d], local_tensor, device_mesh, d)
-    hot = None
+    # torch 2.15: whether torch's own call runs a zero-fill its graph-based planner chose
+    # (None: it cannot). Read from torch's plan cache, so a cached call checks it again.
+    zero_fills = None
+    if reason is None and tdt.may_zero_fill(current_spec, target_spec):
+        zero_fills = tdt.torch_plan_zero_fills(current_spec, target_spec)
+        if zero_fills:
+            reason = "torch's graph-based planner (use_min_cost_redistribution_plan()) zero-fills this call"
+    shape, dtype = tuple(current_spec.shape), local_tensor.dtype
     if reason is None:
+        # Read from the mesh's shape, the placements, the shape and the dtype: the same on
+        # every rank, so a hand-back is decided before the store round, which it never needs.
         spec = spec_of(device_mesh)
-        consensus.check_planning_inputs(device_mesh, spec, options.cost)  # the same profile on every rank
-        hot = plans_for(spec, src, dst, tuple(current_spec.shape), local_tensor.dtype, options)
-        reason = hot.naive.fallback_reason
+        reason = fallback_reason(spec, src, dst, shape, dtype)
     if reason is not None:
-        warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
-        return tdt.torch_redistribute_handback(local_tensor, current_spec, target_spec, async_op=async_op)
+        return _hand_back(reason, local_tensor, current_spec, target_spec, options, async_op, zero_fills)
+    consensus.check_planning_inputs(device_mesh, spec, options.cost)  # the same profile on every rank
+    hot = plans_for(spec, src, dst, shape, dtype, options)
     for d in masks:  # _MaskPartial -> R / S: zero the masked rows, then the sum
         tdt.apply_and_release_mask(current_spec.placements[d], local_tensor)
     check_local_shape(input_shape(hot.naive.graph), local_tensor, device_mesh)
@@ -90,7 +98,7 @@ def redistribute_local_tensor(
         return _specialize_or_unmerged(hot, device_mesh)(local_tensor, async_op)
     run = _runner(hot, current_spec)
     if not masks:
-        _remember_call(current_spec, target_spec, local_tensor, options, run)
+        _remember_call(current_spec, target_spec, local_tensor, options, run, zero_fills)
     return run(local_tensor, current_spec, target_spec, async_op)
 
 
@@ -103,20 +111,24 @@ _CACHED_CALLS_LIMIT = 65536
 
 
 class _CachedCall:
-    __slots__ = ("mesh_ref", "root", "flattened", "local_mode", "run")
+    __slots__ = ("mesh_ref", "root", "flattened", "local_mode", "run", "zero_fills")
 
-    def __init__(self, device_mesh, run) -> None:
+    def __init__(self, device_mesh, run, zero_fills: bool | None) -> None:
         self.mesh_ref = weakref.ref(device_mesh)
         self.root = L.root_mesh(device_mesh)
         self.flattened = L.flattened_count(self.root)
         self.local_mode = tdt.local_tensor_mode()
         self.run = run
+        # whether torch's own call ran a zero-fill when this was decided (None: it cannot)
+        self.zero_fills = zero_fills
 
 
 def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions):
     """How a call seen before runs (``run(local, current_spec, target_spec, async_op,
-    is_explicit=False)``), or None: not seen, the mesh's groups changed since, or
-    traced or under a DebugMode, which the first path handles."""
+    is_explicit=False)``), or None: not seen, the mesh's groups changed since, torch's own
+    plan for it changed whether it zero-fills (torch 2.15's graph-based planner, read from
+    torch's plan cache: see ``tdt.may_zero_fill``), or traced or under a DebugMode, which
+    the first path handles."""
     try:
         hit = _cached_calls.get((current_spec, target_spec, local_tensor.dtype, options))
     except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
@@ -130,18 +142,44 @@ def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions)
         return None
     if tdt.are_we_tracing() or tdt.debug_mode_active():
         return None
+    if (
+        hit.zero_fills is not None
+        and tdt.torch_plan_zero_fills(current_spec, target_spec) is not hit.zero_fills
+    ):
+        return None
     return hit.run
 
 
-def _remember_call(current_spec, target_spec, local_tensor, options, run) -> None:
+def _remember_call(current_spec, target_spec, local_tensor, options, run, zero_fills=None) -> None:
     if len(_cached_calls) > _CACHED_CALLS_LIMIT:
         _cached_calls.clear()
     _cached_calls[(current_spec, target_spec, local_tensor.dtype, options)] = _CachedCall(
-        current_spec.mesh, run
+        current_spec.mesh, run, zero_fills
     )
 
 
 planning.CLEAR_HOOKS.append(_cached_calls.clear)
+
+
+def _hand_back(reason: str, local_tensor, current_spec, target_spec, options, async_op, zero_fills=None):
+    """torch's own call for what redist_opt does not lower (``reason``), remembered like a
+    planned call: the next one with the same specs, dtype and options runs torch's
+    function from :func:`cached_runner`, after one lookup."""
+    warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
+    run = _hand_back_runner(current_spec.mesh)
+    if not tdt.are_we_tracing():
+        _remember_call(current_spec, target_spec, local_tensor, options, run, zero_fills)
+    return run(local_tensor, current_spec, target_spec, async_op)
+
+
+def _hand_back_runner(device_mesh):
+    torch_call = tdt.TorchHandBack(mergeable=L.flattened_count(L.root_mesh(device_mesh)) > 0)
+
+    def run(local_tensor, current_spec, target_spec, async_op, is_explicit=False):
+        return torch_call(local_tensor, current_spec, target_spec, async_op=async_op, is_explicit=is_explicit)
+
+    run.torch_call = torch_call
+    return run
 
 
 def _runner(hot: HotPlan, current_spec):

@@ -17,7 +17,7 @@ from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.plan import Plan, make_plan
 from redist_opt.runtime import store_round
 
-__all__ = ["plan", "optimize", "plans_for", "HotPlan", "clear_caches"]
+__all__ = ["plan", "optimize", "plans_for", "fallback_reason", "HotPlan", "clear_caches"]
 
 
 def plan(
@@ -85,6 +85,14 @@ _hot_plans: dict = {}
 
 # A job with ever-new shapes: past this many entries the hot-plan cache starts over.
 HOT_PLANS_LIMIT = 65536
+
+
+def fallback_reason(spec, src, dst, shape, dtype) -> str | None:
+    """Why the plan of this call runs through torch (placements or a dtype the IR does not
+    lower), or None. Read from the mesh's shape, the placements, the shape and the dtype
+    only (the lowering, cached), never from a store round or the options: the same on
+    every rank, so the eager path decides a hand-back before it agrees on anything."""
+    return make_plan(spec, src, dst, shape, dtype).fallback_reason
 
 
 def plans_for(spec, src, dst, shape, dtype, options: PlanOptions) -> HotPlan:

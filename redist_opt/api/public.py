@@ -20,9 +20,9 @@ from redist_opt.api.errors import torch_typed
 from redist_opt.ir import layout as L
 from redist_opt.ir.ops import local_shape
 from redist_opt.ir.options import PlanOptions
-from redist_opt.ir.placements import RedistributeError, normalize_placements, placement_str, placements_str
-from redist_opt.torch_api import dtensor as tdt
+from redist_opt.ir.placements import RedistributeError, normalize_placements, placements_str
 from redist_opt.runtime.execute import check_local_shape
+from redist_opt.torch_api import dtensor as tdt
 
 __all__ = ["redistribute"]
 
@@ -62,13 +62,12 @@ def redistribute(
     )
     _check_spec_matches(dtensor)
     for i, p in enumerate(target):
-        if isinstance(p, Partial) and dtensor.placements[i] != p:
-            raise torch_typed(
-                RuntimeError,
-                f"Can not redistribute from {placement_str(dtensor.placements[i])} to "
-                f"{placement_str(p)} on mesh dim {i}: redistributing to Partial is for "
-                "internal use only (use redist_opt.plan for such plans)",
-            )
+        # What the installed torch's DTensor.redistribute refuses, it refuses here with the
+        # same message: torch 2.13 every new Partial, torch 2.15 all but Shard -> Partial("sum")
+        # (its zero-fill, which the eager path hands to torch).
+        refusal = tdt.partial_target_refusal(dtensor.placements[i], p)
+        if refusal is not None:
+            raise torch_typed(RuntimeError, f"{refusal} (mesh dim {i})")
     input_dtype = tdt.local_tensor_of(dtensor).dtype
     forward_dtype = forward_dtype or input_dtype
     dtype_config = {

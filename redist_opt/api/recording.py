@@ -309,7 +309,7 @@ class _RecordBlock:
         self.recording: Recording | None = None
 
     def __enter__(self) -> Recording:
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank = tdt.process_rank()  # a plain int (torch 2.15's LocalTensorMode makes get_rank() a SymInt)
         world = dist.get_world_size() if dist.is_initialized() else None
         self.recording = Recording(ranks=[rank], world_size=world)
         self._enabled.__enter__()

@@ -143,14 +143,13 @@ def routed_redistribute_local_tensor(
                 return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
         handed_back = _handed_back_before(current_spec, target_spec, use_graph_based_transform)
         if handed_back is not None:  # handed back before: one lookup, then torch's own call
-            return _run_torch(
-                handed_back.merge_off,
+            return handed_back.torch_call(
                 local_tensor,
                 current_spec,
                 target_spec,
-                async_op,
-                use_graph_based_transform,
-                is_explicit,
+                async_op=async_op,
+                use_graph_based_transform=use_graph_based_transform,
+                is_explicit=is_explicit,
             )
     return _first_call(
         local_tensor,
@@ -162,29 +161,6 @@ def routed_redistribute_local_tensor(
         is_explicit,
         torch_only,
     )
-
-
-def _run_torch(
-    merge_off,
-    local_tensor,
-    current_spec,
-    target_spec,
-    async_op,
-    use_graph_based_transform,
-    is_explicit,
-    **rest,
-):
-    """torch's own call; with its merge pass off where the input hits its uneven merge bug."""
-    with tdt.reference_semantics() if merge_off else contextlib.nullcontext():
-        return tdt.TORCH_REDISTRIBUTE_LOCAL(
-            local_tensor,
-            current_spec,
-            target_spec,
-            async_op=async_op,
-            use_graph_based_transform=use_graph_based_transform,
-            is_explicit=is_explicit,
-            **rest,
-        )
 
 
 def _first_call(
@@ -205,17 +181,16 @@ def _first_call(
             observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
-        merge_off = tdt.hits_uneven_all_gather_merge(current_spec, target_spec, use_graph_based_transform)
+        hand_back = _HandBack(current_spec.mesh)
         if not torch_only:
-            _remember_hand_back(current_spec, target_spec, use_graph_based_transform, merge_off)
-        return _run_torch(
-            merge_off,
+            _remember_hand_back(current_spec, target_spec, use_graph_based_transform, hand_back)
+        return hand_back.torch_call(
             local_tensor,
             current_spec,
             target_spec,
-            async_op,
-            use_graph_based_transform,
-            is_explicit,
+            async_op=async_op,
+            use_graph_based_transform=use_graph_based_transform,
+            is_explicit=is_explicit,
             **torch_only,
         )
     summary = (
@@ -233,21 +208,24 @@ def _first_call(
 # -- calls handed back to torch ---------------------------------------------------------
 
 # (current spec, target spec, use_graph_based_transform, under LocalTensorMode) -> _HandBack.
-# Whether a call is handed back, and whether it hits torch's uneven merge bug, depend
-# only on these (and on the mesh's flattened meshes, checked per call like
-# ``eager.cached_runner``): a call seen before reruns none of the checks.
+# Whether a call is handed back depends only on these (and on the mesh's flattened
+# meshes, checked per call like ``eager.cached_runner``): a call seen before reruns none
+# of the checks. Whether torch's merge pass is off for it (the uneven merge bug) depends
+# on the plan torch runs, which ``tdt.TorchHandBack`` reads from torch's plan cache at
+# each call where the mesh has a flattened mesh (torch's cache ignores
+# ``use_min_cost_redistribution_plan()``, so that plan is not a function of this key).
 _handed_back: dict = {}
 _HANDED_BACK_LIMIT = 65536
 
 
 class _HandBack:
-    __slots__ = ("mesh_ref", "root", "flattened", "merge_off")
+    __slots__ = ("mesh_ref", "root", "flattened", "torch_call")
 
-    def __init__(self, device_mesh, merge_off: bool) -> None:
+    def __init__(self, device_mesh) -> None:
         self.mesh_ref = weakref.ref(device_mesh)
         self.root = L.root_mesh(device_mesh)
         self.flattened = L.flattened_count(self.root)
-        self.merge_off = merge_off
+        self.torch_call = tdt.TorchHandBack(mergeable=self.flattened > 0)
 
 
 def _hand_back_key(current_spec, target_spec, use_graph_based_transform):
@@ -264,7 +242,7 @@ def _handed_back_before(current_spec, target_spec, use_graph_based_transform) ->
     return hit
 
 
-def _remember_hand_back(current_spec, target_spec, use_graph_based_transform, merge_off: bool) -> None:
+def _remember_hand_back(current_spec, target_spec, use_graph_based_transform, hand_back: _HandBack) -> None:
     try:
         key = _hand_back_key(current_spec, target_spec, use_graph_based_transform)
         hash(key)
@@ -272,7 +250,7 @@ def _remember_hand_back(current_spec, target_spec, use_graph_based_transform, me
         return
     if len(_handed_back) > _HANDED_BACK_LIMIT:
         _handed_back.clear()
-    _handed_back[key] = _HandBack(current_spec.mesh, merge_off)
+    _handed_back[key] = hand_back
 
 
 planning.CLEAR_HOOKS.append(_handed_back.clear)

@@ -46,29 +46,28 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from redist_opt.ir import cost_fit
 from redist_opt.ir.cost import CostModel, load_profile, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import c10d
+from redist_opt.torch_api.tracing import InfraDispatchMode
 
 __all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY"]
 
 # The key of the measurements in the profile file's "calibration" record.
 IN_STEP_KEY = "in_step"
 
-_functional = torch.ops._c10d_functional
 # functional collective -> (cost-model kind, index of its group-name argument)
 _COLLECTIVES = {
-    _functional.all_reduce.default: ("all_reduce", 2),
-    _functional.all_reduce_.default: ("all_reduce", 2),
-    _functional.reduce_scatter_tensor.default: ("reduce_scatter", 3),
-    _functional.all_gather_into_tensor.default: ("all_gather", 2),
-    _functional.all_to_all_single.default: ("all_to_all", 3),
+    c10d.ALL_REDUCE: ("all_reduce", 2),
+    c10d.ALL_REDUCE_INPLACE: ("all_reduce", 2),
+    c10d.REDUCE_SCATTER: ("reduce_scatter", 3),
+    c10d.ALL_GATHER: ("all_gather", 2),
+    c10d.ALL_TO_ALL: ("all_to_all", 3),
 }
-_WAIT = _functional.wait_tensor.default
+_WAIT = c10d.WAIT
 
 
 def _buffer(t: torch.Tensor) -> int:
@@ -77,10 +76,12 @@ def _buffer(t: torch.Tensor) -> int:
     return getattr(t, "elem", t).untyped_storage().data_ptr()
 
 
-class _CollectiveTimer(TorchDispatchMode):
+class _CollectiveTimer(InfraDispatchMode):
     """Times each functional collective this rank issues: the issuing call plus the wait
     on its result, per (kind, group size, bytes fed in). Sees eager and compiled code
-    alike (Inductor's wrapper calls the same ops through the dispatcher)."""
+    alike (Inductor's wrapper calls the same ops through the dispatcher): an infra mode,
+    which Dynamo does not skip compiled frames for (an ordinary dispatch mode would
+    make every compiled step run eagerly under the timer)."""
 
     def __init__(self):
         super().__init__()
@@ -88,15 +89,9 @@ class _CollectiveTimer(TorchDispatchMode):
         self._pending: dict[int, tuple[tuple[str, int, int], float]] = {}
         self._sizes: dict[str, int] = {}
 
-    @classmethod
-    def is_infra_mode(cls) -> bool:
-        # Dynamo skips every frame while a user dispatch mode is active; an infra mode it
-        # leaves alone, so compiled steps run their compiled code under the timer.
-        return True
-
     def _group_size(self, name: str) -> int:
         if name not in self._sizes:
-            self._sizes[name] = len(tdt.process_group_ranks(name))
+            self._sizes[name] = len(c10d.process_group_ranks(name))
         return self._sizes[name]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from redist_opt.ir.placements import placement_str
 from redist_opt.ir.text import dtype_str as _dtype_str
 from redist_opt.ir.text import format_graph, format_plan
+from redist_opt.torch_api.dtensor import process_rank
 
 __all__ = [
     "format_plan",
@@ -121,7 +122,8 @@ def rank_suffix() -> str:
     """``".rankR"`` when torch.distributed is initialized with world size > 1, else ``""``:
     the part of every dump file name that keeps ranks from overwriting each other."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return f".rank{dist.get_rank()}"
+        # a plain int: under LocalTensorMode torch 2.15's dist.get_rank() is a SymInt
+        return f".rank{process_rank()}"
     return ""
 
 

@@ -66,7 +66,7 @@ from redist_opt.graph.chain import Chain, ChainOp
 from redist_opt.runtime import store_round
 from redist_opt.runtime.consensus import check_compiled_profile, needs_agreement
 from redist_opt.runtime.store_round import digest
-from redist_opt.torch_api.dtensor import default_store
+from redist_opt.torch_api.c10d import default_store
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
 

@@ -44,6 +44,9 @@ from redist_opt.graph.graph_pass import GraphRewrites
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.torch_api import functorch, inductor
+from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
+from redist_opt.torch_api.tracing import op_name
 
 __all__ = [
     "backend",
@@ -111,7 +114,7 @@ class _RedistOptBackend:
         # the inner compilers may run later (a lazily compiled backward), on
         # graphs already traced.
         if _compiled_for_any_rank():
-            # Under torch.distributed.config.compile_on_one_rank the graph must run on
+            # Under compile_on_one_rank (torch.compiler.config from 2.15) the graph must run on
             # every rank: torch's trace reads mesh coordinates at run time, while our
             # planner specialises to this rank's. So torch traces, and the graph pass
             # finds no group names or constant slices to raise: the graph stays as is.
@@ -128,28 +131,20 @@ class _RedistOptBackend:
 
     def _compile(self, gm, example_inputs):
         if self.inner == "inductor":
-            from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
             def inner_compile(g, inputs, *args, **kwargs):
                 self._optimize(g)
                 _dump_graph(g, "backward" if kwargs.get("is_backward") else "forward")
                 with meshes_keyed_by_meaning():
-                    return compile_fx_inner(g, inputs, *args, **kwargs)
+                    return inductor.compile_fx_inner(g, inputs, *args, **kwargs)
 
             # AOTAutograd's cache is looked up before the trace: a hit would skip the
             # routing, the graph pass and its rounds with the other ranks (see
             # CompiledByRedistOpt). Inductor's FX graph cache keys on each graph after them.
-            import torch._functorch.config
-
-            with torch._functorch.config.patch(
-                enable_autograd_cache=False, enable_remote_autograd_cache=False
-            ):
-                return compile_fx(
+            with functorch.autograd_cache_off():
+                return inductor.compile_fx(
                     gm, example_inputs, inner_compile=inner_compile, config_patches=self._cache_config()
                 )
-
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         compile_one = graph_compiler(self.inner)
 
@@ -168,21 +163,22 @@ class _RedistOptBackend:
         # two differ only by the pass (the default partitioner leaves dead recomputed
         # matmuls in the backward: 12 mm per TransformerBlock backward instead of 10).
         partition = (
-            dict(partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
+            dict(
+                partition_fn=functorch.min_cut_partitioner(),
+                keep_inference_input_mutations=True,
+            )
             if self.inner == "aot_eager"
             else {}
         )
-        return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, **partition)(gm, example_inputs)
+        return functorch.aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, **partition)(
+            gm, example_inputs
+        )
 
     def _cache_config(self) -> dict:
         """Inductor config patch for this backend's compiles: :class:`CompiledByRedistOpt`
         after the post-grad custom passes the user set (which keep running)."""
-        from torch._inductor import config
-        from torch._inductor.custom_graph_pass import get_custom_graph_passes
-
-        user = get_custom_graph_passes(config.post_grad_custom_post_pass)
         mark = CompiledByRedistOpt(self.options, self.graph_pass)
-        return {"post_grad_custom_post_pass": [*user, mark] if user else mark}
+        return {"post_grad_custom_post_pass": inductor.post_grad_passes_with(mark)}
 
     def _optimize(self, gm: fx.GraphModule) -> None:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
@@ -200,13 +196,11 @@ class _RedistOptBackend:
 
 
 def _compiled_for_any_rank() -> bool:
-    """``torch.distributed.config.compile_on_one_rank``: one rank's trace runs on all."""
-    import torch.distributed.config
-
-    return bool(getattr(torch.distributed.config, "compile_on_one_rank", False))
+    """``compile_on_one_rank``: one rank's trace runs on all."""
+    return inductor.compile_on_one_rank()
 
 
-class CompiledByRedistOpt(graph_pass.CustomGraphPass):
+class CompiledByRedistOpt(inductor.CustomGraphPass):
     """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles with
     Inductor: it changes nothing (the rewrite happened before Inductor's passes) and
     gives the compile a cache key of its own.
@@ -266,13 +260,9 @@ def graph_compiler(inner) -> Callable:
     the graph run as is (``boxed_nop``); a callable: itself.
     """
     if inner == "inductor":
-        from torch._inductor.compile_fx import compile_fx_inner
-
-        return compile_fx_inner
+        return inductor.compile_fx_inner
     if inner == "aot_eager":
-        from torch._dynamo.backends.debugging import boxed_nop
-
-        return boxed_nop
+        return functorch.boxed_nop()
     return inner
 
 
@@ -329,10 +319,9 @@ def collectives(gm: fx.GraphModule) -> list[tuple[str, str]]:
         if node.op != "call_function":
             continue
         target = node.target
-        ns = getattr(target, "namespace", None)
-        if ns not in ("_c10d_functional", "c10d_functional"):
+        op = op_name(target)
+        if op is None or target.namespace not in FUNCTIONAL_NAMESPACES:
             continue
-        op = target._opname if hasattr(target, "_opname") else str(target)
         if op not in _COLLECTIVE_OPS:
             continue
         group = (

@@ -35,12 +35,14 @@ import os
 import threading
 from pathlib import Path
 
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+import torch.distributed as dist
 
 from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.ir import layout as L
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.options import PlanOptions
+from redist_opt.torch_api import inductor
+from redist_opt.torch_api.tracing import unset_fake_temporarily
 
 __all__ = [
     "graph_pass_key",
@@ -109,6 +111,7 @@ def _options_key(options: PlanOptions) -> dict:
         "groups": options.groups,
         "prefer": options.prefer,
         "max_collectives": options.max_collectives,
+        "without": list(options.without),
         "passes": None if options.passes is None else [_class_key(c) for c in options.passes],
     }
 
@@ -127,7 +130,23 @@ def _context_key(ctx) -> dict:
         "coord": list(ctx.coord),
         "ranks": ctx.rank_map,
         "scope": list(ctx.scope_dims),
+        "group_names": _group_names(ctx.device_mesh),
     }
+
+
+def _group_names(device_mesh) -> list:
+    """[layout, process-group name] of every communicator a rewrite on ``device_mesh``
+    may name in the graph (its dims' groups, its root's flattened meshes, the world).
+
+    The spec keys the mesh by layouts, but the rewritten graph holds group *names*, which
+    c10d hands out in creation order: a job that creates its flattened meshes in another
+    order has the same layouts under other names, and must not load a graph naming a
+    group it does not have (or another group under that name)."""
+    names = [[f"dim {d}", device_mesh.get_group(d).group_name] for d in range(device_mesh.ndim)]
+    for layout, (mesh, dim) in L.known_communicators(device_mesh).items():
+        group = dist.group.WORLD if mesh == "world" else mesh.get_group(dim)
+        names.append([L.format_layout(layout), group.group_name])
+    return sorted(names)
 
 
 # -- DeviceMesh inputs in Inductor's FX graph cache key -------------------------------------
@@ -152,7 +171,7 @@ def meshes_keyed_by_meaning():
     its rewritten graphs (``compile_fx_inner``); the patch is on the class, so a compile
     another thread keys meanwhile gets the same stable key, which is as safe."""
     global _keying_depth, _pickler_init
-    from torch._inductor.codecache import FxGraphCachePickler
+    FxGraphCachePickler = inductor.fx_graph_key_pickler()
 
     with _keying_lock:
         if _keying_depth == 0:
@@ -169,16 +188,15 @@ def meshes_keyed_by_meaning():
 
 
 def _init_with_mesh_meaning(init):
-    from torch._library.fake_class_registry import FakeScriptObject
     from torch.distributed.device_mesh import DeviceMesh
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         self.dispatch_table[DeviceMesh] = lambda mesh: (_mesh_key, ("DeviceMesh", L.mesh_meaning(mesh)))
-        opaque = self.dispatch_table.get(FakeScriptObject)
-        if opaque is None:  # a torch that pickles opaque inputs by default reaches the entry above
-            return
+        # torch 2.11 to 2.15 key an opaque input (a DeviceMesh Dynamo passes to the graph)
+        # through this entry: the boundary raises if a torch no longer does
+        FakeScriptObject, opaque = inductor.opaque_input_reducer(self)
 
         def reduce_opaque(obj):
             if isinstance(obj.real_obj, DeviceMesh):

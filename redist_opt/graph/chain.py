@@ -16,18 +16,17 @@ import torch.fx as fx
 from torch.distributed.tensor.placement_types import Placement
 
 from redist_opt.graph.mesh_groups import MeshContext
+from redist_opt.torch_api.c10d import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, C10D, REDUCE_SCATTER, WAIT
 
 __all__ = ["C10D", "COLLECTIVES", "WAIT", "REDUCE_OPS", "ChainOp", "Chain", "NotRaised", "truncate", "after"]
 
-C10D = torch.ops._c10d_functional
 # functional collective op -> chain op kind
 COLLECTIVES = {
-    C10D.all_reduce.default: "all_reduce",
-    C10D.reduce_scatter_tensor.default: "reduce_scatter",
-    C10D.all_gather_into_tensor.default: "all_gather",
-    C10D.all_to_all_single.default: "all_to_all",
+    ALL_REDUCE: "all_reduce",
+    REDUCE_SCATTER: "reduce_scatter",
+    ALL_GATHER: "all_gather",
+    ALL_TO_ALL: "all_to_all",
 }
-WAIT = C10D.wait_tensor.default
 REDUCE_OPS = ("sum", "avg", "max", "min")
 # chain op kinds that are collectives (all_to_all is never part of a raised chain)
 COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -91,17 +91,16 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from redist_opt.graph.chain import C10D, WAIT
+from redist_opt.graph.chain import WAIT
 from redist_opt.graph.mesh_groups import resolve_group_name
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.cost import resolve as resolve_cost
+from redist_opt.torch_api import inductor
+from redist_opt.torch_api.c10d import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 __all__ = ["Combination", "collective_time_on", "combine_collectives"]
 
 aten = torch.ops.aten
-ALL_GATHER = C10D.all_gather_into_tensor.default
-REDUCE_SCATTER = C10D.reduce_scatter_tensor.default
-ALL_REDUCE = C10D.all_reduce.default
 KIND = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter", ALL_REDUCE: "all_reduce"}
 # Legality 4: the combined collective's modelled time over the time of 0 bytes.
 LATENCY_BOUND = 2.0
@@ -294,8 +293,6 @@ def _to_hoist(x: fx.Node, limit: int, position: dict) -> set[fx.Node] | None:
 
 
 def _combine(graph: fx.Graph, members: list[fx.Node]) -> Combination:
-    from torch._inductor.fx_passes import bucketing
-
     first, group = members[0], members[0].args[-1]
     order = {node: i for i, node in enumerate(graph.nodes)}
     if first.target is ALL_GATHER:  # where the first member's value was waited for
@@ -314,22 +311,22 @@ def _combine(graph: fx.Graph, members: list[fx.Node]) -> Combination:
         if first.target is REDUCE_SCATTER:
             n = first.args[2]
             merge, args = (
-                bucketing.reduce_scatter_merge_fn_to_trace,
+                inductor.reduce_scatter_merge_fn,
                 (lambda vals: (vals, group, n, op, dtype, device)),
             )
         else:
             merge, args = (
-                bucketing.all_reduce_merge_fn_to_trace,
+                inductor.all_reduce_merge_fn,
                 (lambda vals: (vals, group, op, dtype, device)),
             )
         before = members[-1].next
-    bucketing.process_collective_bucket(
+    inductor.process_collective_bucket(
         graph,
         members,
         merge,
         lambda ins: args([i.meta["val"] for i in ins]),
         insert_before=before,
-        wait_insertion_point=wait_at,
+        wait_at=wait_at,
     )
     return combination
 
@@ -338,9 +335,7 @@ def _gather_concatenated(ins: list[torch.Tensor], group: str, n: int) -> list[to
     """Traced into the graph: one gather of the flattened inputs, split into what each
     gather returned (rank-major blocks of each input, dim 0 grown ``n`` times)."""
     flat = torch.cat([x.reshape(-1) for x in ins])
-    out = torch.ops._c10d_functional.wait_tensor(
-        torch.ops._c10d_functional.all_gather_into_tensor(flat, n, group)
-    )
+    out = WAIT(ALL_GATHER(flat, n, group))
     blocks = out.reshape(n, -1).split_with_sizes([x.numel() for x in ins], dim=1)
     # Each block is copied as (n, *x.shape) and then viewed with dim 0 grown: the copy's
     # index is then affine (offset + row stride * rank + x's strides), which Inductor

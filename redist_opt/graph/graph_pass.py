@@ -59,7 +59,6 @@ import itertools
 from pathlib import Path
 
 import torch.fx as fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from redist_opt.debug.dump import dump_dir_from_env, pass_dump_writer, rank_suffix
 from redist_opt.graph.agreement import SliceAgreement
@@ -76,6 +75,8 @@ from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.ir.plan import make_plan
 from redist_opt.pipeline import run_pipeline
+from redist_opt.torch_api.inductor import CustomGraphPass
+from redist_opt.torch_api.tracing import unset_fake_temporarily
 
 __all__ = [
     "optimize_graph",
@@ -473,11 +474,6 @@ def _kept_note(kept) -> str:
 
 
 # -- Inductor hook --------------------------------------------------------------------------
-
-try:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-except ImportError:  # pragma: no cover
-    CustomGraphPass = object  # type: ignore[misc,assignment]
 
 
 class RedistGraphPass(CustomGraphPass):

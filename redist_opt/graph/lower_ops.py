@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from redist_opt.ir.local_ops import COLLECTIVE_OPS, LOCAL_OPS
 from redist_opt.ir.ops import OPS
+from redist_opt.torch_api.tracing import detect_fake_mode, tree_leaves
 
 __all__ = ["Emitter", "LOWERED_OPS"]
 
@@ -33,11 +34,9 @@ def _fake_val(target, args, kwargs):
         return a
 
     vargs, vkwargs = val(args), {k: val(v) for k, v in kwargs.items()}
-    flat = [a for a in torch.utils._pytree.tree_leaves((vargs, vkwargs)) if isinstance(a, torch.Tensor)]
+    flat = [a for a in tree_leaves((vargs, vkwargs)) if isinstance(a, torch.Tensor)]
     if not flat:
         return None
-    from torch._guards import detect_fake_mode
-
     mode = detect_fake_mode(flat)
     if mode is None:
         return None

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
-from redist_opt.torch_api.dtensor import process_group_ranks
+from redist_opt.torch_api.c10d import process_group_ranks
 
 __all__ = ["MeshContext", "mesh_contexts", "resolve_group_name"]
 

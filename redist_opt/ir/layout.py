@@ -1,12 +1,16 @@
-"""The one module that touches torch's private mesh-layout algebra.
+"""What redist_opt knows about communicators, in layouts.
 
 torch describes every DeviceMesh dimension as a CuTe-style layout (sizes:strides
-over indices into the root mesh's rank map), in ``torch.distributed._mesh_layout``
-(``_FlatLayout``, ``_MeshLayout``, built on ``torch.distributed._pycute``). A
-communicator is identified by the *collapsed* layout of the mesh dims it spans:
-two groups with equal collapsed layouts contain the same ranks in the same order,
-whatever they are called. Everything redist_opt knows about groups is derived
-here, so a torch upgrade that moves these classes touches this file only.
+over indices into the root mesh's rank map). A communicator is identified by the
+*collapsed* layout of the mesh dims it spans: two groups with equal collapsed
+layouts contain the same ranks in the same order, whatever they are called.
+
+The algebra is the IR's own (:mod:`redist_opt.ir.layout_algebra`); a live mesh's
+internals (its dims' layouts, root, flattened meshes, group names, and building a
+flattened mesh with its group) are read through the one version-aware boundary,
+:mod:`redist_opt.torch_api.mesh`. This module gives those facts their meaning:
+which communicators exist, which mesh dims a group spans, what a mesh is across
+processes.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from itertools import permutations
+from itertools import islice, permutations
 
 import torch.distributed as dist
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
+
+from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
+from redist_opt.torch_api import mesh as tm
 
 __all__ = [
     "FlatLayout",
@@ -28,27 +34,14 @@ __all__ = [
     "format_layout",
 ]
 
-# Public alias: a coalesced, hashable, canonical sizes:strides layout.
-FlatLayout = _FlatLayout
-
 
 def row_major_dim_layouts(sizes: Sequence[int]) -> tuple[FlatLayout, ...]:
     """One layout per dim of a row-major mesh of ``sizes`` (what init_device_mesh builds)."""
-    mesh_layout = _MeshLayout.from_sizes_strides(tuple(int(s) for s in sizes))
-    return tuple(mesh_layout)
-
-
-def collapse(dim_layouts: Sequence[FlatLayout]) -> FlatLayout:
-    """The layout of one communicator spanning ``dim_layouts``, first dim slowest.
-
-    Coalescing merges adjacent modes whose strides line up (dims a,b of a
-    row-major mesh become one mode); non-adjacent dims (a and c of a x b x c)
-    stay as two modes: still one valid communicator, just a non-contiguous one.
-    """
-    return _MeshLayout(tuple(dim_layouts)).collapse()
+    return row_major(sizes)
 
 
 def numel(layout: FlatLayout) -> int:
+    """How many ranks a group of ``layout`` has."""
     return int(layout.numel())
 
 
@@ -58,25 +51,7 @@ def rank_lists(layout: FlatLayout, index_space: int, limit: int | None = None) -
     With ``limit`` only the first ``limit`` groups are produced: dumps of a plan at
     100k ranks show a few example groups without enumerating the world.
     """
-    members = layout.all_ranks_from_zero()
-    offsets_layout = layout.complement(index_space)
-    groups: list[list[int]] = []
-    for offset in _iter_layout(offsets_layout):
-        groups.append([offset + m for m in members])
-        if limit is not None and len(groups) >= limit:
-            break
-    return groups
-
-
-def _iter_layout(layout: FlatLayout):
-    shape, stride = layout.shape, layout.stride
-    total = math.prod(shape)
-    for linear in range(total):
-        idx, rem = 0, linear
-        for size, st in zip(reversed(shape), reversed(stride)):
-            rem, coord = divmod(rem, size)
-            idx += coord * st
-        yield idx
+    return list(islice(tiles(layout, index_space), limit))
 
 
 def format_layout(layout: FlatLayout) -> str:
@@ -90,52 +65,65 @@ def format_layout(layout: FlatLayout) -> str:
 
 def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
     """The per-dim layouts of a live DeviceMesh, in its root's rank-map index space."""
-    return tuple(device_mesh._layout)
+    return tuple(FlatLayout(sizes, strides) for sizes, strides in tm.dim_sizes_strides(device_mesh))
+
+
+def _collapsed(device_mesh) -> FlatLayout:
+    """The layout of one communicator over all of ``device_mesh``'s dims."""
+    return collapse(device_mesh_dim_layouts(device_mesh))
 
 
 def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
     """Collapsed layout -> (mesh, mesh_dim) or ("world", None) of every communicator
     that already exists beside ``device_mesh``'s own dims:
 
-    * each flattened mesh of the root (``root._flatten_mapping``);
+    * each flattened mesh of the root;
     * each dim of the root mesh itself: an ``_unflatten`` view's root is the mesh it
       was unflattened from, whose groups span several of the view's dims;
     * the default (world) group, when the root's rank map is ``0..world-1`` in order.
     """
-    root = device_mesh._get_root_mesh()
+    root = tm.root_mesh(device_mesh)
     out: dict[FlatLayout, tuple] = {}
     if dist.is_initialized():
         world = dist.get_world_size()
-        rank_map = root._flatten_rank_map
-        if len(rank_map) == world and tuple(rank_map) == tuple(range(world)):
-            out[_FlatLayout((world,), (1,))] = ("world", None)
-    for d, lay in enumerate(root._layout):
-        if dim_group_names(root):
+        if tm.rank_map(root) == tuple(range(world)):
+            out[FlatLayout((world,), (1,))] = ("world", None)
+    if dim_group_names(root):
+        for d, lay in enumerate(device_mesh_dim_layouts(root)):
             out[lay] = (root, d)
-    for flat in root._flatten_mapping.values():
-        out[flat._layout.collapse()] = (flat, 0)
+    for flat in tm.flattened_meshes(root).values():
+        out[_collapsed(flat)] = (flat, 0)
     return out
 
 
 def flatten_mapping_layouts(device_mesh) -> frozenset:
-    """Collapsed layouts of the root's ``_flatten`` meshes: the groups torch 2.13's
-    merge pass finds (``_get_flattened_mesh_by_layout``), unlike
-    :func:`known_communicators` not the world group nor the root's own dims."""
-    root = device_mesh._get_root_mesh()
-    return frozenset(flat._layout.collapse() for flat in root._flatten_mapping.values())
+    """Collapsed layouts of the root's flattened meshes: the groups torch's merge
+    pass finds (by layout), unlike :func:`known_communicators` not the world group
+    nor the root's own dims."""
+    return frozenset(_collapsed(flat) for flat in tm.flattened_meshes(device_mesh).values())
 
 
 def ranks_ascending(device_mesh) -> bool:
     """Whether the root's rank map lists global ranks in ascending order (so a
     communicator's rank order, ascending global rank, is ascending rank index)."""
-    rank_map = tuple(int(r) for r in device_mesh._get_root_mesh()._flatten_rank_map)
-    return all(a < b for a, b in zip(rank_map, rank_map[1:]))
+    ranks = tm.rank_map(root_mesh(device_mesh))
+    return all(a < b for a, b in zip(ranks, ranks[1:]))
+
+
+def preserves_rank_order(device_mesh) -> bool:
+    """Whether the mesh's communicators list their ranks in layout order rather than
+    by ascending global rank (torch 2.15's ``preserve_rank_order``, the root's value)."""
+    return tm.preserves_rank_order(root_mesh(device_mesh))
 
 
 def root_index_space(device_mesh) -> int:
-    """Size of the root mesh's rank map (the index space layouts live in)."""
-    root = device_mesh._get_root_mesh()
-    return int(root._layout.numel())
+    """Size of the root mesh's index space (the rank-map indices layouts live in)."""
+    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(root_mesh(device_mesh)))
+
+
+def _flattened_name(layout: FlatLayout) -> str:
+    """The name redist_opt gives its flattened mesh of ``layout`` in the root's mapping."""
+    return "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
 
 
 def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
@@ -143,9 +131,10 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
 
     Built from the layout, as DeviceMesh._flatten builds its meshes, but without
     needing mesh dim names (a mesh from ``init_device_mesh(..., (2, 2, 2))`` has
-    none) and for any dim order. Cached in the root's ``_flatten_mapping`` under a
+    none) and for any dim order. Recorded among the root's flattened meshes under a
     name derived from the layout, so the next lookup (``known_communicators``)
-    finds it; :func:`forget_flattened_mesh` takes it out again.
+    finds it; :func:`forget_flattened_mesh` takes it out again. It takes the root's
+    ``preserve_rank_order`` (torch 2.15), so its group lists its ranks as the root's do.
 
     On a real backend only the calling rank's own group (its tile of the layout) is
     created, by its members only, under a name derived from its ranks: so ranks
@@ -156,70 +145,40 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
     the group then gets the default group's timeout. Under the ``fake`` backend
     (simulated ranks, one process) every tile is created, as DeviceMesh does.
     """
-    root = device_mesh._get_root_mesh()
-    name = "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
-    existing = root._flatten_mapping.get(name)
-    if existing is not None and existing._layout.collapse() == layout:
+    root = tm.root_mesh(device_mesh)
+    name = _flattened_name(layout)
+    existing = tm.flattened_meshes(root).get(name)
+    if existing is not None and _collapsed(existing) == layout:
         return existing
     if dist.get_backend() == "fake":
-        flat = DeviceMesh(
-            root._device_type,
-            _layout=_MeshLayout((layout,)),
-            _rank_map=root._rank_map,
-            mesh_dim_names=(name,),
-            _root_mesh=root,
-        )
+        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=True)
     else:
-        tiles = _MeshLayout((layout,)).remap_to_tensor(root._rank_map).tolist()
         me = dist.get_rank()
-        tile = next(t for t in tiles if me in t)
-        pg = _member_group(sorted(tile), f"mesh_{name}", timeout)
-        flat = DeviceMesh(
-            root._device_type,
-            _layout=_MeshLayout((layout,)),
-            _rank_map=root._rank_map,
-            mesh_dim_names=(name,),
-            _root_mesh=root,
-            _init_backend=False,
-        )
-        flat._dim_group_names = [pg.group_name]
-        root._pg_registry[pg.group_name] = pg
-    root._flatten_mapping[name] = flat
+        tile = next(t for t in remap(layout, tm.rank_map(root)) if me in t)
+        # c10d lists a group's ranks in the order it is given: ascending, as new_group
+        # sorts them, unless the root preserves rank order (then the layout's order).
+        ranks = tile if tm.preserves_rank_order(root) else sorted(tile)
+        pg = _member_group(ranks, f"mesh_{name}", timeout)
+        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=False)
+        tm.attach_process_group(root, flat, pg)
+    tm.add_flattened_mesh(root, name, flat)
     return flat
 
 
 def forget_flattened_mesh(device_mesh, layout: FlatLayout) -> None:
     """Take the flattened mesh of ``layout`` out of the root's mapping (its group is
     no longer found by ``known_communicators``)."""
-    root = device_mesh._get_root_mesh()
-    for name, flat in list(root._flatten_mapping.items()):
-        if name.startswith("redist_opt_") and flat._layout.collapse() == layout:
-            del root._flatten_mapping[name]
+    root = tm.root_mesh(device_mesh)
+    for name, flat in tm.flattened_meshes(root).items():
+        if name.startswith("redist_opt_") and _collapsed(flat) == layout:
+            tm.remove_flattened_mesh(root, name)
 
 
 def _member_group(ranks: list[int], desc: str, timeout):
-    """The process group over ``ranks`` (sorted, as ``new_group`` orders them), made by
-    its members alone under a name that depends on the ranks only."""
-    c10d = dist.distributed_c10d
+    """The process group over ``ranks`` (in that order), made by its members alone
+    under a name that depends on the ranks (and their order) only."""
     name = "redist_opt_" + hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()[:20]
-    for pg, pg_name in c10d._world.pg_names.items():
-        if pg_name == name:
-            return pg
-    default_timeout = c10d._get_default_store().timeout
-    pg, _ = c10d._new_process_group_helper(
-        len(ranks),
-        ranks.index(dist.get_rank()),
-        ranks,
-        dist.get_backend(),
-        c10d._get_default_store(),
-        name,
-        timeout=timeout or default_timeout,
-        group_desc=desc,
-    )
-    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
-    if timeout is not None and timeout != default_timeout:
-        c10d._set_pg_timeout(default_timeout, pg)
-    return pg
+    return tm.member_process_group(ranks, name, desc, timeout)
 
 
 # -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------
@@ -230,7 +189,7 @@ def root_mesh(device_mesh):
 
     Raises ReferenceError when the view's root was garbage-collected.
     """
-    return device_mesh._get_root_mesh()
+    return tm.root_mesh(device_mesh)
 
 
 def root_group_names(device_mesh) -> tuple[str, ...]:
@@ -241,13 +200,15 @@ def root_group_names(device_mesh) -> tuple[str, ...]:
 
 
 def dim_group_names(device_mesh) -> tuple[str, ...]:
-    """Names of the process groups of ``device_mesh``'s own dims (empty before groups exist)."""
-    return tuple(getattr(device_mesh, "_dim_group_names", None) or ())
+    """Names of the process groups of ``device_mesh``'s own dims: empty while it has
+    none (its groups were never initialized, or the calling rank is in none of them)."""
+    names = tm.dim_group_names(device_mesh)
+    return () if names is None else names
 
 
 def flattened_meshes(device_mesh) -> dict:
     """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
-    return dict(root_mesh(device_mesh)._flatten_mapping)
+    return tm.flattened_meshes(device_mesh)
 
 
 def dims_of_layout(
@@ -269,8 +230,8 @@ def flattened_dims(device_mesh) -> list[tuple[str, object, tuple[int, ...] | Non
     root = root_mesh(device_mesh)
     dim_layouts = device_mesh_dim_layouts(root)
     return [
-        (name, flat, dims_of_layout(collapse(device_mesh_dim_layouts(flat)), dim_layouts, min_dims=2))
-        for name, flat in root._flatten_mapping.items()
+        (name, flat, dims_of_layout(_collapsed(flat), dim_layouts, min_dims=2))
+        for name, flat in tm.flattened_meshes(root).items()
     ]
 
 
@@ -310,20 +271,20 @@ def is_full_view(device_mesh) -> bool:
     root = root_mesh(device_mesh)
     if device_mesh is root:
         return True
-    if any(device_mesh is flat for flat in root._flatten_mapping.values()):
+    if any(device_mesh is flat for flat in tm.flattened_meshes(root).values()):
         return False
-    return int(device_mesh._layout.numel()) == root_index_space(device_mesh)
+    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(device_mesh)) == root_index_space(root)
 
 
 def mesh_meaning(device_mesh) -> tuple:
     """What a DeviceMesh is, with nothing of the process that holds it: device type,
     rank map, per-dim layouts, dim names and process-group names, and the same of its
     root. Equal in every process of a job that builds the same mesh (group names are
-    given in creation order), unlike its ``_hash`` and ``_thread_id``."""
+    given in creation order), unlike its hash and thread id."""
     root = root_mesh(device_mesh)
     parts = [
         (
-            m._device_type,
+            m.device_type,
             m.mesh.tolist(),
             repr(device_mesh_dim_layouts(m)),
             m.mesh_dim_names,
@@ -344,26 +305,26 @@ def view_key(device_mesh) -> tuple:
 
 
 def is_device_mesh(obj) -> bool:
-    """Whether ``obj`` is a live DeviceMesh (anything with torch's per-dim layouts and dim names)."""
-    return hasattr(obj, "_layout") and hasattr(obj, "mesh_dim_names")
+    """Whether ``obj`` is a live DeviceMesh."""
+    return isinstance(obj, DeviceMesh)
 
 
 def communicators_stamp(device_mesh) -> tuple:
     """A value that changes whenever :func:`known_communicators` may: the root mesh,
     how many flattened meshes it holds, and whether the default group is up."""
-    root = device_mesh._get_root_mesh()
-    return (id(root), len(root._flatten_mapping), dist.is_initialized())
+    root = root_mesh(device_mesh)
+    return (id(root), flattened_count(root), dist.is_initialized())
 
 
 def flattened_count(root) -> int:
     """How many flattened meshes the root mesh ``root`` holds: a cached eager call
     compares it to the count its plan was made with (a new one may change the plan)."""
-    return len(root._flatten_mapping)
+    return tm.flattened_count(root)
 
 
 def rank_in_mesh(device_mesh) -> bool:
     """Whether the calling rank is one of the mesh's ranks."""
-    return device_mesh._is_current_rank_part_of_mesh()
+    return tm.rank_in_mesh(device_mesh)
 
 
 def process_group_backend(device_mesh) -> str | None:

@@ -39,6 +39,7 @@ import torch
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.ops import split_dims
+from redist_opt.torch_api.c10d import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, C10D, REDUCE_SCATTER
 
 __all__ = [
     "LOCAL_OPS",
@@ -257,8 +258,6 @@ LOCAL_OPS: dict[str, Callable] = {
 
 # -- collectives: the one functional collective each IR collective issues, and the layout around it --
 
-C10D = torch.ops._c10d_functional
-
 
 class Collective(NamedTuple):
     """One IR collective on one rank, every size bound.
@@ -323,7 +322,7 @@ def _complex(emit, y, as_real: bool):
 
 
 def _all_reduce(shape, n, as_real, op):
-    return Collective(None, lambda emit, x, group: emit(C10D.all_reduce.default, x, op, group), None)
+    return Collective(None, lambda emit, x, group: emit(ALL_REDUCE, x, op, group), None)
 
 
 def _reduce_scatter(shape, n, as_real, op, dim):
@@ -333,7 +332,7 @@ def _reduce_scatter(shape, n, as_real, op, dim):
         return stack_blocks(emit, x, shape, ((dim, n),), out_shape=[n * block[0], *block[1:]])
 
     def issue(emit, x, group):
-        return emit(C10D.reduce_scatter_tensor.default, contiguous(emit, x), op, n, group)
+        return emit(REDUCE_SCATTER, contiguous(emit, x), op, n, group)
 
     return Collective(before if dim != 0 else None, issue, None)
 
@@ -344,7 +343,7 @@ def _all_gather(shape, n, as_real, dim):
         return _real(emit, contiguous(emit, x), as_real)
 
     def issue(emit, x, group):
-        return emit(C10D.all_gather_into_tensor.default, contiguous(emit, x), n, group)
+        return emit(ALL_GATHER, contiguous(emit, x), n, group)
 
     def after(emit, y):
         y = _complex(emit, y, as_real)
@@ -365,7 +364,7 @@ def _all_to_all(shape, n, as_real, split_dim, cat_dim):
         return _real(emit, stack_blocks(emit, x, shape, splits), as_real)
 
     def issue(emit, x, group):
-        return emit(C10D.all_to_all_single.default, x, [1] * n, [1] * n, group)
+        return emit(ALL_TO_ALL, x, [1] * n, [1] * n, group)
 
     def after(emit, y):
         return join_blocks(emit, _complex(emit, y, as_real), n, block, cat_dim)

@@ -16,7 +16,9 @@ by ``n ** (1/p)``. A merged norm step is one pre-step, one collective, one post-
 ``_StridedShard`` sources lower as the shard order they encode
 (``redist_opt.ir.strided``: torch plans them with its graph-based planner as plain
 ``Shard`` steps). Placement subclasses we do not model are not lowered: the plan
-is marked ``fallback`` and runs through torch.
+is marked ``fallback`` and runs through torch. So is torch 2.15's ``Shard ->
+Partial("sum")`` (a local zero-fill, ``Shard._to_partial_tensor``); torch 2.13 refuses
+it, and ``check_transition`` with it.
 """
 
 from __future__ import annotations
@@ -25,18 +27,14 @@ import math
 from collections.abc import Sequence
 
 import torch
-from torch.distributed.tensor.placement_types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    _StridedShard,
-)
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import STEP_VARIANTS, GraphBuilder, StepInfo
 from redist_opt.ir.placements import RedistributeError, norm_type_of, placement_str, reduce_op_of
+from redist_opt.torch_api.dtensor import ZERO_FILLS_SHARD_TO_PARTIAL
+from redist_opt.torch_api.placements import StridedShard
 
 __all__ = [
     "greedy_steps",
@@ -52,11 +50,15 @@ def unsupported_reason(src: Sequence[Placement], dst: Sequence[Placement]) -> st
     """Why these placements must go through torch's own path, or None if we lower them."""
     for p in (*src, *dst):
         kind = type(p).__name__
-        if type(p) not in (Shard, Replicate, Partial, _StridedShard) and norm_type_of(p) is None:
+        if type(p) not in (Shard, Replicate, Partial, StridedShard) and norm_type_of(p) is None:
             return f"{kind} placements are not modelled by redist_opt"
     ops = {reduce_op_of(p) for p in (*src, *dst) if p.is_partial()}
     if len(ops) > 1 and any(op.startswith("norm(") for op in ops):
         return f"partial placements mix the reductions {sorted(ops)}: torch defines their order"
+    if ZERO_FILLS_SHARD_TO_PARTIAL and any(
+        type(s) is Shard and type(t) is Partial and t.reduce_op == "sum" for s, t in zip(src, dst)
+    ):
+        return "Shard -> Partial is torch's local zero-fill, which redist_opt does not lower"
     return None
 
 
@@ -89,7 +91,11 @@ def check_transition(src: Sequence[Placement], dst: Sequence[Placement], mesh: M
         if t.is_partial() and s.is_shard():
             raise RedistributeError(
                 f"cannot redistribute {placement_str(s)} -> {placement_str(t)} on {where}: "
-                "DTensor does not support Shard -> Partial"
+                + (
+                    "DTensor supports Shard -> Partial(sum) only"
+                    if ZERO_FILLS_SHARD_TO_PARTIAL
+                    else "DTensor does not support Shard -> Partial"
+                )
             )
         if t.is_partial() and reduce_op_of(t) not in ("sum", "avg", "max", "min") and norm_type_of(t) is None:
             raise RedistributeError(

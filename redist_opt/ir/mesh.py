@@ -79,6 +79,10 @@ class MeshSpec:
     # Whether the root's rank map lists global ranks in ascending index order (True for
     # init_device_mesh and rank-free specs); see ``rank_order``.
     ranks_ascending: bool = True
+    # Whether the mesh's communicators list their ranks in layout order instead of by
+    # ascending global rank (torch 2.15's ``DeviceMesh(preserve_rank_order=True)``: c10d
+    # then keeps each group's rank order); see ``rank_order``.
+    preserve_rank_order: bool = False
     # The groups torch's own merge pass finds (its root's ``_flatten`` meshes; not the
     # world group, not an ``_unflatten`` view's root dims), as ``flattened`` lists them;
     # None: the same as ``flattened``. The collective cap counts torch's plan with these.
@@ -128,6 +132,7 @@ class MeshSpec:
                     self.torch_flattened_layouts,
                     self.backend,
                     self.ranks_ascending,
+                    self.preserve_rank_order,
                 )
             ),
         )
@@ -157,6 +162,7 @@ class MeshSpec:
             index_space=L.root_index_space(device_mesh),
             backend=L.process_group_backend(device_mesh),
             ranks_ascending=L.ranks_ascending(device_mesh),
+            preserve_rank_order=L.preserves_rank_order(device_mesh),
         )
 
     # -- queries ------------------------------------------------------------
@@ -236,8 +242,15 @@ class MeshSpec:
         interleave. On a row-major mesh that is ascending mesh-dim order; on a
         column-major layout the reverse. Layouts index the root's rank map: when that
         map is not ascending (an explicit permuted rank tensor) the order is unknown.
+
+        A mesh that preserves rank order (torch 2.15) creates every group with its
+        ranks in the order of its layout over the rank map: the communicator whose
+        collapsed layout is that of ``dims`` lists its ranks row-major over ``dims``
+        as given, whatever the strides or the rank map.
         """
         real = [d for d in dims if self.sizes[d] > 1]
+        if self.preserve_rank_order:
+            return tuple(real)
         order = tuple(sorted(real, key=lambda d: (-max(self.dim_layouts[d].stride), d)))
         if len(order) <= 1:
             return order

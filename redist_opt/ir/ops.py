@@ -52,11 +52,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.fx as fx
 from torch.distributed.tensor.placement_types import Placement
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.ir.placements import reduce_op_of, shard_order
+from redist_opt.torch_api.tracing import LazyGraphModule
 
 __all__ = [
     "OPS",
@@ -304,7 +304,7 @@ class GraphBuilder:
         self.graph.output(self.value)
         # A lazy GraphModule skips Python code generation: our graphs are read into rank
         # programs (redist_opt.runtime.specialize), and codegen after every pass dominated planning time.
-        return _LazyGraphModule(torch.nn.Module(), self.graph)
+        return LazyGraphModule(torch.nn.Module(), self.graph)
 
 
 def ir_name(node: fx.Node) -> str | None:

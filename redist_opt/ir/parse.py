@@ -16,7 +16,6 @@ import sympy
 import torch
 import torch.fx as fx
 from sympy.parsing.sympy_parser import parse_expr
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from redist_opt.ir import layout as L
 from redist_opt.ir import ops
@@ -25,6 +24,7 @@ from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import parse_placement
 from redist_opt.ir.plan import Plan
 from redist_opt.ir.text import shape_str
+from redist_opt.torch_api.tracing import LazyGraphModule
 
 __all__ = ["parse_ir", "IRParseError", "build_step", "split_top_level"]
 
@@ -260,7 +260,7 @@ def _parse_graph(r: _Reader, lines):
                 values[node.name] = node
         except (IRParseError, ValueError, KeyError, TypeError, SyntaxError) as e:
             raise IRParseError(f"line {lineno}: {raw.strip()!r}: {e}") from e
-    return _LazyGraphModule(torch.nn.Module(), graph), tuple(steps)
+    return LazyGraphModule(torch.nn.Module(), graph), tuple(steps)
 
 
 def _parse_node(r: _Reader, graph: fx.Graph, values, line: str, step) -> fx.Node:

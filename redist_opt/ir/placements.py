@@ -18,14 +18,9 @@ import math
 import re
 from collections.abc import Sequence
 
-from torch.distributed.tensor._ops._math_ops import _NormPartial
-from torch.distributed.tensor.placement_types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    _StridedShard,
-)
+from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+from redist_opt.torch_api.placements import NormPartial, StridedShard
 
 __all__ = [
     "RedistributeError",
@@ -74,7 +69,7 @@ def normalize_norm_partial(p: Placement) -> Placement:
     """torch's ``_NormPartial`` for inf / -inf / 0 as the plain partial torch itself
     uses for those norms (``get_placement_from_reduction_op``: max, min, sum of
     counts); every other placement unchanged."""
-    if isinstance(p, _NormPartial):
+    if isinstance(p, NormPartial):
         q = float(p.norm_type)
         if q == math.inf:
             return Partial("max")
@@ -87,12 +82,12 @@ def normalize_norm_partial(p: Placement) -> Placement:
 
 def norm_type_of(p: Placement):
     """p of a partial p-norm placement, else None."""
-    return p.norm_type if isinstance(p, _NormPartial) else None
+    return p.norm_type if isinstance(p, NormPartial) else None
 
 
 def reduce_op_of(p: Placement) -> str | None:
     """The reduction a partial placement stands for: ``"sum"``, ..., ``"norm(2)"``."""
-    if isinstance(p, _NormPartial):
+    if isinstance(p, NormPartial):
         return f"norm({_norm_str(p.norm_type)})"
     return p.reduce_op if isinstance(p, Partial) else None
 
@@ -101,7 +96,7 @@ def partial_of(op: str) -> Partial:
     """The partial placement of a reduce op (inverse of :func:`reduce_op_of`)."""
     m = _NORM_OP_RE.match(op)
     if m:
-        return _NormPartial(_parse_norm_type(m.group(1)))
+        return NormPartial(_parse_norm_type(m.group(1)))
     return Partial(op)
 
 
@@ -127,10 +122,10 @@ def parse_placement(p: Placement | str) -> Placement:
         return Shard(int(m.group(1)))
     m = _STRIDED_RE.match(text)
     if m:
-        return _StridedShard(int(m.group(1)), split_factor=int(m.group(2)))
+        return StridedShard(int(m.group(1)), split_factor=int(m.group(2)))
     m = _NORM_RE.match(text)
     if m:
-        return normalize_norm_partial(_NormPartial(_parse_norm_type(m.group(1))))
+        return normalize_norm_partial(NormPartial(_parse_norm_type(m.group(1))))
     m = _PARTIAL_RE.match(text)
     if m:
         op = m.group(1) or "sum"
@@ -184,10 +179,10 @@ def shard_order(
     order: dict[int, list[int]] = {}
     for d in reversed(range(len(placements))):
         p = placements[d]
-        if not isinstance(p, (Shard, _StridedShard)):
+        if not isinstance(p, (Shard, StridedShard)):
             continue
         dims = order.setdefault(p.dim, [])
-        sf = int(p.split_factor) if isinstance(p, _StridedShard) else 1
+        sf = int(p.split_factor) if isinstance(p, StridedShard) else 1
         acc = 1
         for i in range(len(dims) + 1):
             if acc == sf:
@@ -201,7 +196,7 @@ def shard_order(
 
 
 def placement_str(p: Placement) -> str:
-    if isinstance(p, _NormPartial):
+    if isinstance(p, NormPartial):
         return f"P(norm{_norm_str(p.norm_type)})"
     if isinstance(p, Partial):
         return "P" if p.reduce_op == "sum" else f"P({p.reduce_op})"
@@ -232,7 +227,7 @@ def normalize_placements(
         )
     out: list[Placement] = []
     for mesh_dim, p in enumerate(ps):
-        if isinstance(p, (Shard, _StridedShard)):
+        if isinstance(p, (Shard, StridedShard)):
             dim = p.dim
             if not -tensor_ndim <= dim < tensor_ndim:
                 raise RedistributeError(
@@ -241,11 +236,11 @@ def normalize_placements(
                 )
             if dim < 0:
                 p = (
-                    _StridedShard(dim + tensor_ndim, split_factor=p.split_factor)
-                    if isinstance(p, _StridedShard)
+                    StridedShard(dim + tensor_ndim, split_factor=p.split_factor)
+                    if isinstance(p, StridedShard)
                     else Shard(dim + tensor_ndim)
                 )
-        elif isinstance(p, _NormPartial):
+        elif isinstance(p, NormPartial):
             p = normalize_norm_partial(p)
         elif isinstance(p, Partial):
             if p.reduce_op not in REDUCE_OPS:

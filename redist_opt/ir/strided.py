@@ -50,13 +50,14 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from torch.distributed.tensor.placement_types import Placement, Replicate, Shard, _StridedShard
+from torch.distributed.tensor.placement_types import Placement, Replicate, Shard
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import StepInfo
 from redist_opt.ir.placements import placements_str, shard_order
 from redist_opt.ir.steps import ShardState
+from redist_opt.torch_api.placements import StridedShard
 
 __all__ = ["has_strided", "strided_reason", "strided_steps"]
 
@@ -65,7 +66,7 @@ _MAX_CHECKED_COORDS = 1 << 14
 
 
 def has_strided(*placements: Sequence[Placement]) -> bool:
-    return any(isinstance(p, _StridedShard) for ps in placements for p in ps)
+    return any(isinstance(p, StridedShard) for ps in placements for p in ps)
 
 
 def _gathers(mesh: MeshSpec, src, dst) -> tuple[dict, str | None]:
@@ -110,7 +111,7 @@ def _gathers(mesh: MeshSpec, src, dst) -> tuple[dict, str | None]:
 def _dtensor_size(length: int, src, mesh_sizes, coords: dict[int, int], t: int) -> int:
     """DTensor's local size of tensor dim ``t``: its placements applied left to right."""
     for d, p in enumerate(src):
-        if isinstance(p, _StridedShard) and p.dim == t:
+        if isinstance(p, StridedShard) and p.dim == t:
             sf, n = int(p.split_factor), mesh_sizes[d]
             length = sum(sym.chunk_size(sym.chunk_size(length, sf, j), n, coords[d]) for j in range(sf))
         elif isinstance(p, Shard) and p.dim == t:
@@ -122,7 +123,7 @@ def _sizes_reason(mesh: MeshSpec, src, shape) -> str | None:
     """Condition 3: every rank's DTensor local size is the nested chunk of the shard order."""
     order = shard_order(src, mesh.sizes)
     for t, dims in order.items():
-        if not any(isinstance(p, _StridedShard) and p.dim == t for p in src):
+        if not any(isinstance(p, StridedShard) and p.dim == t for p in src):
             continue
         counts = [mesh.sizes[d] for d in dims]
         if shape[t] % math.prod(counts) == 0:

@@ -1,7 +1,7 @@
 """Where torch's ``redistribute_local_tensor`` is bound by name, and swapping it there.
 
 ``enabled()`` puts its routed function wherever code looks torch's function up by
-name: torch's own callers (``torch_dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``) and
+name: torch's own callers (``torch_api.dtensor.REDISTRIBUTE_LOCAL_PATCH_POINTS``) and
 every module global, in any module, that *is* torch's function (autoparallel's
 ``from torch.distributed.tensor._redistribute import redistribute_local_tensor``),
 found by identity (redist_opt's own modules excepted: they hold torch's function
@@ -29,7 +29,7 @@ import sys
 from redist_opt.torch_api.dtensor import (
     REDISTRIBUTE_LOCAL_PATCH_POINTS,
     TORCH_REDISTRIBUTE_LOCAL,
-    importable,
+    patch_point_modules,
 )
 
 __all__ = ["RedistributeLocalPatch", "install_redistribute_local", "restore_redistribute_local"]
@@ -100,9 +100,9 @@ def install_redistribute_local(replacement) -> RedistributeLocalPatch:
     :func:`restore_redistribute_local` needs."""
     _scan_new_modules()
     previous = {}
-    for module in importable(REDISTRIBUTE_LOCAL_PATCH_POINTS):
-        if hasattr(module, NAME):
-            previous[(module, NAME)] = getattr(module, NAME)
+    # every patch point of this release holds the name (patch_point_modules raises otherwise)
+    for module in patch_point_modules(REDISTRIBUTE_LOCAL_PATCH_POINTS, NAME):
+        previous[(module, NAME)] = module.__dict__[NAME]
     for module, attr, _ in _known.values():
         if module.__dict__.get(attr) is TORCH_REDISTRIBUTE_LOCAL:
             previous.setdefault((module, attr), TORCH_REDISTRIBUTE_LOCAL)
@@ -119,7 +119,7 @@ def restore_redistribute_local(patch: RedistributeLocalPatch, replacement) -> No
     the block) gets torch's function."""
     _scan_new_modules()
     for (module, attr), value in patch.previous.items():
-        if getattr(module, attr, None) is replacement:
+        if module.__dict__.get(attr) is replacement:
             setattr(module, attr, value)
     for module, attr, _ in _known.values():
         if module.__dict__.get(attr) is replacement:

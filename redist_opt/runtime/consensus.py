@@ -35,8 +35,9 @@ import torch.distributed as dist
 from redist_opt.ir import cost as cost_module
 from redist_opt.ir import layout as L
 from redist_opt.runtime import store_round
-from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.store_round import WAITS  # every round's wait, read by the fault harness
+from redist_opt.torch_api import c10d, tracing
+from redist_opt.torch_api.local_tensor import local_tensor_mode
 
 __all__ = [
     "AgreementError",
@@ -68,20 +69,20 @@ def needs_agreement(device_mesh) -> bool:
     (not one process simulating them, not a single rank)."""
     if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() == "fake":
         return False
-    if tdt.local_tensor_mode() is not None:
+    if local_tensor_mode() is not None:
         return False
     return device_mesh.size() > 1
 
 
 def _mesh_ranks(device_mesh) -> list[int]:
-    with tdt.outside_tracing():  # planning may run while AOTAutograd traces
+    with tracing.outside_tracing():  # planning may run while AOTAutograd traces
         return [int(r) for r in device_mesh.mesh.flatten().tolist()]
 
 
 def _mesh_value(device_mesh) -> tuple:
     """What makes two DeviceMesh objects equal (dim names, shape, ranks), holding neither.
     Read only where ranks must agree."""
-    with tdt.outside_tracing():  # DeviceMesh.mesh builds a tensor: a real one
+    with tracing.outside_tracing():  # DeviceMesh.mesh builds a tensor: a real one
         mesh = device_mesh.mesh
         return (device_mesh.mesh_dim_names, tuple(mesh.shape), tuple(int(r) for r in mesh.flatten().tolist()))
 
@@ -96,7 +97,7 @@ def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None
     timeout_s = store_round.bound_s() if timeout_s is None else timeout_s
     key = f"{_PREFIX}/{_rounds.next_key((topic, ranks))}"
     verdict = store_round.run_round(
-        tdt.default_store(), key, ranks, me, value, timeout_s=timeout_s, topic=topic
+        c10d.default_store(), key, ranks, me, value, timeout_s=timeout_s, topic=topic
     )
     if verdict.committed:
         return verdict.values

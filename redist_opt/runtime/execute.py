@@ -13,8 +13,8 @@ import torch.fx as fx
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.specialize import rank_coordinates, specialize
+from redist_opt.torch_api.local_tensor import per_rank_tensors
 
 __all__ = ["execute", "check_local_shape", "input_shape"]
 
@@ -32,7 +32,7 @@ def check_local_shape(expected, x: torch.Tensor, device_mesh, what: str = "its p
         want_of = lambda rank: tuple(  # noqa: E731
             sym.evaluate(e, coords if isinstance(coords, tuple) else coords[rank]) for e in expected
         )
-    locals_ = tdt.per_rank_tensors(x)
+    locals_ = per_rank_tensors(x)
     items = locals_.items() if locals_ is not None else [(None, x)]
     for rank, t in items:
         want = want_of(rank)

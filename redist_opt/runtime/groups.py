@@ -29,7 +29,7 @@ import torch.distributed as dist
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.runtime import consensus, store_round
-from redist_opt.torch_api.dtensor import outside_tracing
+from redist_opt.torch_api.tracing import outside_tracing
 
 __all__ = ["resolve_group", "GroupUnavailable"]
 

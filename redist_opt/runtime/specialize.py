@@ -33,19 +33,19 @@ import functools
 import weakref
 
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.local_ops import EAGER, Collective, collective, run_local_op
 from redist_opt.ir.ops import ir_name
-from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.groups import resolve_group
+from redist_opt.torch_api import c10d
+from redist_opt.torch_api import local_tensor as lt
 
 __all__ = ["RankProgram", "specialize", "rank_coordinates"]
 
-_ASYNC = funcol.AsyncCollectiveTensor
-_wait = torch.ops._c10d_functional.wait_tensor.default
+_ASYNC = c10d.AsyncCollectiveTensor
+_wait = c10d.WAIT
 
 
 class RankProgram:
@@ -78,7 +78,7 @@ _coords_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...]:
     """This rank's mesh coordinate, or {rank: coordinate} under LocalTensorMode."""
-    lm = tdt.local_tensor_mode()
+    lm = lt.local_tensor_mode()
     if lm is None:
         coord = device_mesh.get_coordinate()
         if coord is None:
@@ -88,7 +88,7 @@ def rank_coordinates(device_mesh) -> dict[int, tuple[int, ...]] | tuple[int, ...
     per_mesh = _coords_cache.setdefault(device_mesh, {})
     if key not in per_mesh:
         coords = device_mesh.get_coordinate()
-        per_mesh[key] = {r: tuple(tdt.int_on_rank(c, r) for c in coords) for r in lm.ranks}
+        per_mesh[key] = {r: tuple(lt.int_on_rank(c, r) for c in coords) for r in lm.ranks}
     return per_mesh[key]
 
 
@@ -103,13 +103,13 @@ def specialize(gm: fx.GraphModule, device_mesh, *, dtype: torch.dtype, groups="e
     # Every group first: one that cannot be had (GroupUnavailable, agreed on every
     # rank) is then known before this rank issued any collective of the plan.
     names = {
-        n: tdt.group_name(resolve_group(device_mesh, n.args[1], groups))
+        n: c10d.group_name(resolve_group(device_mesh, n.args[1], groups))
         for n in nodes
         if n.target.is_collective
     }
     coords = rank_coordinates(device_mesh) if nodes else ()
     per_rank = isinstance(coords, dict)
-    traced = tdt.are_we_tracing()
+    traced = c10d.are_we_tracing()
     steps, text = [], []
     for node in nodes:
         name, params = ir_name(node), tuple(node.args[1:])
@@ -174,8 +174,8 @@ def _local_step(bind, values, per_rank: bool):
         def step(x):
             if type(x) is _ASYNC:
                 x = x.wait()
-            if tdt.is_per_rank(x):
-                return tdt.map_per_rank(x, lambda rank, t: runs[rank](t))
+            if lt.is_per_rank(x):
+                return lt.map_per_rank(x, lambda rank, t: runs[rank](t))
             return first(x)
 
         return step

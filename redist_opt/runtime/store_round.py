@@ -44,7 +44,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 
-from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api.c10d import default_store
 
 __all__ = ["Verdict", "Rounds", "run_round", "bound_s", "digest", "clear_caches", "generation", "WAITS"]
 
@@ -80,7 +80,7 @@ def digest(what) -> str:
 def bound_s(at_most: float | None = None) -> float:
     """How long a rank waits for the others of a round: the default group's timeout,
     or ``at_most`` where that is shorter."""
-    group_s = tdt.default_store().timeout.total_seconds()
+    group_s = default_store().timeout.total_seconds()
     return group_s if at_most is None else min(at_most, group_s)
 
 

@@ -26,11 +26,11 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
-from redist_opt.torch_api.dtensor import reference_semantics
 from redist_opt.tools import wall_stats
 from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
+from redist_opt.torch_api.dtensor import local_tensor_of, reference_semantics
 
 __all__ = [
     "planning_bench",
@@ -163,14 +163,14 @@ def run_variants(mesh, src: str, dst: str, shape, rank: int, *, iters: int, warm
     dt = exact_input(mesh, src_p, shape, rank)
 
     def f_torch():
-        return wait(dt.redistribute(mesh, dst_p)._local_tensor)
+        return wait(local_tensor_of(dt.redistribute(mesh, dst_p)))
 
     def f_nomerge():
         with reference_semantics():
             return f_torch()
 
     def f_ours():
-        return wait(redist_opt.redistribute(dt, dst_p, groups="existing", cost=cost)._local_tensor)
+        return wait(local_tensor_of(redist_opt.redistribute(dt, dst_p, groups="existing", cost=cost)))
 
     fns = (f_torch, f_nomerge, f_ours)
     ref, equal, counts = f_nomerge(), {}, {}

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 import sympy
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS, CostModel
@@ -33,6 +32,7 @@ from redist_opt.ir.mesh import MeshSpec
 from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 from redist_opt.tools.timing import Clock, Stat, loadavg, note_load, select_device, timed_samples, wait
+from redist_opt.torch_api import c10d as funcol
 
 __all__ = [
     "calibrate",

@@ -26,6 +26,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.elastic.utils.distributed import get_free_port as free_port
 
+from redist_opt.torch_api.dtensor import REDISTRIBUTE_LOGGERS
+
 __all__ = ["SpawnError", "run_ranks", "free_port", "on_a_free_port", "quiet_torch_logs"]
 
 
@@ -39,10 +41,7 @@ class SpawnError(RuntimeError):
 # torch warns on every rank that gloo's alltoall falls back to all_gather + chunk,
 # and on each unmerged run ("N sequential all_reduce ... flatten mesh dims");
 # neither is news in a benchmark.
-_NOISY_TORCH_LOGGERS = (
-    "torch.distributed.tensor._collective_utils",
-    "torch.distributed.tensor._redistribute",
-)
+_NOISY_TORCH_LOGGERS = REDISTRIBUTE_LOGGERS
 
 
 @contextlib.contextmanager

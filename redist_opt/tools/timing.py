@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
+
+from redist_opt.torch_api.c10d import AsyncCollectiveTensor
 
 __all__ = [
     "Stat",
@@ -118,7 +119,7 @@ def timed_samples(
 
 
 def wait(x):
-    if isinstance(x, funcol.AsyncCollectiveTensor):
+    if isinstance(x, AsyncCollectiveTensor):
         return x.wait()
     return x
 

@@ -32,23 +32,42 @@ Bindings imported by name outside torch are found by identity: the rule is in
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-from torch.distributed._functional_collectives import _are_we_tracing as _funcol_are_we_tracing
-from torch.distributed._functional_collectives import _resolve_group_name as _funcol_resolve_group_name
-from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, tensor_map
-from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor import _collective_utils as _torch_collective_utils
-from torch.distributed.tensor import _redistribute as _torch_redistribute
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-from torch.distributed.tensor.placement_types import _MaskPartial
-from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
-from torch.utils._debug_mode import get_active_debug_mode
+from torch.distributed.tensor.placement_types import Partial, Shard
+
+from redist_opt.torch_api.c10d import are_we_tracing, default_store, group_name, process_group_ranks
+from redist_opt.torch_api.c10d import are_we_tracing as _funcol_are_we_tracing
+from redist_opt.torch_api.local_tensor import (
+    int_on_rank,
+    ints_on_every_rank,
+    is_per_rank,
+    local_tensor_mode,
+    map_per_rank,
+    per_rank_tensors,
+)
+from redist_opt.torch_api.placements import StridedShard as _StridedShard
+from redist_opt.torch_api.placements import apply_and_release_mask, is_mask_partial, mask_partition
+from redist_opt.torch_api.tracing import (
+    get_active_debug_mode,
+    outside_tracing,
+    running_autograd_node,
+    traced_without_graph,
+)
+from redist_opt.torch_api.version import PrivateName, TorchAPIError, has_private, private
+
+_REDISTRIBUTE = "torch.distributed.tensor._redistribute"
+_SPEC = "torch.distributed.tensor._dtensor_spec"
+_COLLECTIVE_UTILS = "torch.distributed.tensor._collective_utils"
+_DISPATCH = "torch.distributed.tensor._dispatch"
+
+_torch_redistribute = private(_REDISTRIBUTE)
+_torch_collective_utils = private(_COLLECTIVE_UTILS)
+DTensorSpec = private(_SPEC, "DTensorSpec")
+TensorMeta = private(_SPEC, "TensorMeta")
+_clear_sharding_prop_cache = private("torch.distributed.tensor.debug", "_clear_sharding_prop_cache")
 
 __all__ = [
     "needs_torch_planner",
@@ -64,7 +83,11 @@ __all__ = [
     "TORCH_REDISTRIBUTE_COST",
     "TORCH_COST_UNITS_PER_SECOND",
     "REDISTRIBUTE_COST_PATCH_POINTS",
-    "importable",
+    "patch_point_modules",
+    "process_group_ranks",
+    "default_store",
+    "PRIVATE_NAMES",
+    "REDISTRIBUTE_LOGGERS",
     "install_redistribute_cost",
     "restore_redistribute_cost",
     "clear_sharding_strategy_caches",
@@ -88,6 +111,14 @@ __all__ = [
     "apply_and_release_mask",
     "torch_redistribute_handback",
     "hits_uneven_all_gather_merge",
+    "TorchHandBack",
+    "torch_transform_infos",
+    "ZERO_FILLS_SHARD_TO_PARTIAL",
+    "partial_target_refusal",
+    "shard_to_partial_reason",
+    "may_zero_fill",
+    "torch_plan_zero_fills",
+    "process_rank",
     "group_name",
     "are_we_tracing",
     "debug_mode_active",
@@ -96,12 +127,16 @@ __all__ = [
 # torch's own function, captured before anyone patches it: our fallback and oracle.
 TORCH_REDISTRIBUTE_LOCAL = _torch_redistribute.redistribute_local_tensor
 
-REDISTRIBUTE_LOCAL_PATCH_POINTS = (
-    "torch.distributed.tensor._redistribute",
-    "torch.distributed.tensor._dispatch",
-    "torch.distributed.tensor._api",
-    "torch.distributed.tensor.experimental._tp_transform",
+# The modules holding ``redistribute_local_tensor`` by name (``from ... import``), per
+# release: the same four in 2.11, 2.13 and 2.15 (read in their sources). A module a
+# release should have that is missing, or lacks the name, raises at install.
+_REDISTRIBUTE_LOCAL_SITES = (
+    PrivateName(_REDISTRIBUTE, "redistribute_local_tensor"),
+    PrivateName("torch.distributed.tensor._dispatch", "redistribute_local_tensor"),
+    PrivateName("torch.distributed.tensor._api", "redistribute_local_tensor"),
+    PrivateName("torch.distributed.tensor.experimental._tp_transform", "redistribute_local_tensor"),
 )
+REDISTRIBUTE_LOCAL_PATCH_POINTS = tuple(p.module for p in _REDISTRIBUTE_LOCAL_SITES if p.expected)
 
 
 # -- the cost DTensor's sharding propagation chooses op strategies by ------------------
@@ -117,28 +152,60 @@ TORCH_COST_UNITS_PER_SECOND = 1e6
 # expansion alike); ``ShardingPropagator`` then picks the strategy of least total.
 # (``_utils.ExplicitRedistributionContext`` only asks whether a cost is <= 0, and
 # the unused Dijkstra expansion prices steps itself: neither is patched.)
-REDISTRIBUTE_COST_PATCH_POINTS = ("torch.distributed.tensor._ops.utils",)
+# The same module in 2.11, 2.13 and 2.15.
+_REDISTRIBUTE_COST_SITES = (PrivateName("torch.distributed.tensor._ops.utils", "redistribute_cost"),)
+REDISTRIBUTE_COST_PATCH_POINTS = tuple(p.module for p in _REDISTRIBUTE_COST_SITES if p.expected)
+
+# torch's DTensor redistribution loggers (``logging.getLogger(__name__)`` in these
+# modules; redist_opt's tools quiet them in benchmarks).
+REDISTRIBUTE_LOGGERS = (_COLLECTIVE_UTILS, _REDISTRIBUTE)
+
+# Every private torch name this module reaches, and the releases that have it (read
+# in the sources of torch 2.11 to 2.15; checked against the installed torch by
+# tests/test_package_structure.py).
+PRIVATE_NAMES = (
+    *_REDISTRIBUTE_LOCAL_SITES,
+    *_REDISTRIBUTE_COST_SITES,
+    PrivateName(_REDISTRIBUTE),
+    PrivateName(_REDISTRIBUTE, "_gen_transform_infos"),
+    PrivateName(_REDISTRIBUTE, "_gen_transform_infos_non_cached"),
+    PrivateName(_REDISTRIBUTE, "_get_flattened_mesh_by_layout"),
+    PrivateName(_REDISTRIBUTE, "disable_redistribute_transform_optimization"),
+    PrivateName(_REDISTRIBUTE, "_TransformInfo._comm_type_key"),
+    PrivateName(_COLLECTIVE_UTILS),
+    PrivateName(_DISPATCH, "OpDispatcher.redistribute_local_args"),
+    PrivateName(_COLLECTIVE_UTILS, "redistribute_cost"),
+    PrivateName(_SPEC, "DTensorSpec"),
+    PrivateName(_SPEC, "DTensorSpec.is_default_device_order"),
+    PrivateName(_SPEC, "TensorMeta"),
+    PrivateName("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+    PrivateName("torch.distributed.tensor.placement_types", "Shard._to_partial_tensor", since=(2, 14)),
+    PrivateName("torch.distributed.tensor", "DTensor._local_tensor", instance=True),
+    PrivateName("torch.distributed.tensor", "DTensor._spec", instance=True),
+)
 
 
-def importable(names) -> list:
-    """The modules of ``names`` this torch has (patch points move between versions)."""
-    found = []
+def patch_point_modules(names, attr: str) -> list:
+    """The modules ``names`` (patch points of this release), each holding ``attr``;
+    :class:`TorchAPIError` naming the first that is missing or lacks it."""
+    modules = []
     for name in names:
-        try:
-            found.append(importlib.import_module(name))
-        except ImportError:  # another torch version
-            continue
-    return found
+        module = private(name)
+        if attr not in vars(module):
+            raise TorchAPIError(
+                f"redist_opt patches {name}.{attr}, which torch {torch.__version__} does not have"
+            )
+        modules.append(module)
+    return modules
 
 
 def install_redistribute_cost(replacement) -> dict:
     """Point each cost patch point's ``redistribute_cost`` at ``replacement``;
     returns {module: previous value} for :func:`restore_redistribute_cost`."""
     previous = {}
-    for module in importable(REDISTRIBUTE_COST_PATCH_POINTS):
-        if hasattr(module, "redistribute_cost"):
-            previous[module] = module.redistribute_cost
-            module.redistribute_cost = replacement
+    for module in patch_point_modules(REDISTRIBUTE_COST_PATCH_POINTS, "redistribute_cost"):
+        previous[module] = module.redistribute_cost
+        module.redistribute_cost = replacement
     return previous
 
 
@@ -190,28 +257,25 @@ def dispatched_op(frame) -> str | None:
     while frame is not None:
         code = frame.f_code
         if code.co_filename.endswith(_DISPATCH_FILE):
-            op_info = frame.f_locals.get("op_info")
-            op = getattr(getattr(op_info, "schema", None), "op", None) or frame.f_locals.get("op_call")
-            if op is not None:
-                return str(op)
+            local = frame.f_locals
+            op_info = local.get("op_info")  # OpDispatcher.redistribute_local_args
+            # (its schema is None when the C++ fast path made the OpInfo)
+            if op_info is not None and op_info.schema is not None:
+                return str(op_info.schema.op)
+            if local.get("op_call") is not None:  # OpDispatcher.dispatch, an outer frame
+                return str(local["op_call"])
         frame = frame.f_back
     return None
 
 
 _DISPATCH_FILE = "/".join(("distributed", "tensor", "_dispatch.py"))
-
-
-def running_autograd_node() -> str | None:
-    """The name of the autograd node whose backward is running (``MmBackward0``), or None."""
-    node = torch._C._current_autograd_node()
-    return None if node is None else node.name()
-
-
-def traced_without_graph(local_tensor) -> bool:
-    """Whether ``local_tensor`` is a fake tensor seen outside graph tracing: Dynamo
-    computing example values, or AOTAutograd collecting metadata (runs that build no
-    graph and are repeated); the graph's own trace runs under a proxy mode."""
-    return is_fake(local_tensor) and get_proxy_mode() is None
+# The dispatcher's reshard of op inputs takes ``op_info`` (an OpInfo: ``.schema.op``) in
+# 2.11 to 2.15: checked here, so a rename fails loudly instead of records losing the op.
+if "op_info" not in private(_DISPATCH, "OpDispatcher.redistribute_local_args").__code__.co_varnames:
+    raise TorchAPIError(
+        f"redist_opt reads op_info in {_DISPATCH}.OpDispatcher.redistribute_local_args, "
+        f"which torch {torch.__version__} does not take"
+    )
 
 
 def tensor_meta(shape, stride, dtype) -> TensorMeta:
@@ -236,10 +300,24 @@ def spec_with_dtype(spec: DTensorSpec, dtensor, dtype: torch.dtype) -> DTensorSp
 
 
 def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None:
-    """Why torch plans this in a way we do not lower. (A ``_StridedShard`` read as a
-    shard order, the default, is lowered: ``redist_opt.ir.strided``.) Calls under
-    ``use_min_cost_redistribution_plan()`` are ours: the flag only picks between torch's
-    greedy and graph-based planners, which agree for default shard orders."""
+    """Why torch plans this in a way we do not lower, or None. (A ``_StridedShard`` read as a
+    shard order, the default, is lowered: ``redist_opt.ir.strided``.)
+
+    Calls under ``use_min_cost_redistribution_plan()`` are ours otherwise: the flag only
+    picks between torch's greedy planner (which ``redist_opt.ir.lower`` replays) and its
+    graph-based one. Their step lists differ (the graph-based planner may run
+    ``S(0) -> S(1)`` as a gather and a chunk, or reduce over the mesh dims in another
+    order), but for default shard orders and no ``Shard -> Partial`` step they compute the
+    same redistribution: the same placements, and the same value on every rank for
+    exact-valued data, which ``tests/api/test_planner_agreement.py`` checks for every
+    placement pair of a 2x2 mesh under both planners, on every release. A call with a
+    ``Shard -> Partial`` step (:func:`shard_to_partial_reason`) is handed back, whichever
+    planner torch runs it with; so is one whose ``Partial("sum")`` target torch 2.15's
+    graph-based planner reaches by a zero-fill (:func:`may_zero_fill`), which depends on
+    the plan torch's call finds in its cache: the eager path reads it per call."""
+    reason = shard_to_partial_reason(current, target)
+    if reason is not None:
+        return reason
     for spec, role in ((current, "source"), (target, "target")):
         if spec.shard_order is None:  # _StridedShard encodes the order (use_strided_shard_as_shard_order)
             continue
@@ -250,52 +328,138 @@ def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None
     return None
 
 
-def is_mask_partial(p) -> bool:
-    """``_MaskPartial``: the vocab-parallel embedding's partial (a sum with a row mask)."""
-    return isinstance(p, _MaskPartial)
+# -- transitions to Partial: what each release accepts -------------------------------
+
+# torch 2.15 adds Shard -> Partial("sum"): each rank puts its shard at its offset in a
+# zero-filled tensor of the step's logical shape (``Shard._to_partial_tensor``), with no
+# collective. Its greedy planner emits it as any other step, its graph-based planner only
+# toward a requested Partial("sum") target (an explicit-only edge); ``DTensor.redistribute``
+# accepts it for a ``Shard`` source (not ``_StridedShard``) and ``Partial("sum")`` exactly.
+# torch 2.13 and earlier refuse every transition to a Partial the DTensor does not have.
+ZERO_FILLS_SHARD_TO_PARTIAL: bool = has_private(
+    "torch.distributed.tensor.placement_types", "Shard._to_partial_tensor"
+)
 
 
-def mask_partition(placement, local_tensor, mesh, mesh_dim: int):
-    """Replicate -> ``_MaskPartial`` on ``mesh_dim``: torch's own ``_partition_value``
-    (shifts the indices into the local shard, zeroes the others, and materialises
-    the mask in the placement's mask buffer for the later reduction)."""
-    return placement._partition_value(local_tensor, mesh, mesh_dim)
+def partial_target_refusal(source, target) -> str | None:
+    """The message of the RuntimeError the installed torch's ``DTensor.redistribute`` raises
+    for ``source -> target`` on one mesh dim (before it plans anything), or None where it
+    accepts that transition. Only a Partial ``target`` the DTensor does not already have is
+    checked there: torch 2.13 refuses every one, torch 2.15 all but ``Shard -> Partial("sum")``."""
+    if not target.is_partial() or source == target:
+        return None
+    if not ZERO_FILLS_SHARD_TO_PARTIAL:
+        return (
+            f"Can not redistribute from {source} to {target}, "
+            "redistributing to Partial is for internal use only!"
+        )
+    if isinstance(source, Shard) and type(target) is Partial and target.reduce_op == "sum":
+        return None
+    return (
+        f"Can not redistribute from {source} to {target}, "
+        "only Shard to Partial(sum) redistribution is supported!"
+    )
 
 
-def apply_and_release_mask(placement, local_tensor) -> None:
-    """What ``_MaskPartial._reduce_value`` / ``_reduce_shard_value`` do before their
-    sum: zero the masked rows of ``local_tensor`` in place, release the buffer."""
-    placement.mask_buffer.apply_mask(local_tensor)
-    placement.mask_buffer.release_mask()
+def shard_to_partial_reason(current: DTensorSpec, target: DTensorSpec) -> str | None:
+    """Why a call that turns a shard into a Partial on some mesh dim runs through torch's
+    own function, or None when it has no such step. redist_opt does not lower it: torch
+    2.15 zero-fills ``Shard -> Partial("sum")`` (and raises its own error for any other
+    reduce op, ``_MaskPartial`` or a ``_StridedShard`` source), torch 2.13 raises its own
+    error for every one. Read from the placements only: every rank decides alike."""
+    for s, t in zip(current.placements, target.placements):
+        if s != t and t.is_partial() and isinstance(s, (Shard, _StridedShard)):
+            if ZERO_FILLS_SHARD_TO_PARTIAL:
+                return "Shard -> Partial is torch's local zero-fill, which redist_opt does not lower"
+            return "Shard -> Partial: this torch refuses it, and raises its own error"
+    return None
+
+
+def may_zero_fill(current: DTensorSpec, target: DTensorSpec) -> bool:
+    """Whether torch's own call could run a ``Shard -> Partial("sum")`` zero-fill for this
+    call although no mesh dim goes from a shard to a Partial: torch 2.15's graph-based
+    planner (``use_min_cost_redistribution_plan()``) reaches a ``Partial("sum")`` target
+    from Replicate by a chunk and a zero-fill where it finds that cheaper (its explicit-only
+    edge is generated toward such a target), where the greedy planner, and redist_opt's
+    lowering, divide by the group size: the same sum, other values on the ranks. Read from
+    the placements only; False on a torch without the zero-fill."""
+    if not ZERO_FILLS_SHARD_TO_PARTIAL:
+        return False
+    return any(
+        type(t) is Partial and t.reduce_op == "sum" and s != t
+        for s, t in zip(current.placements, target.placements)
+    )
+
+
+def torch_plan_zero_fills(
+    current: DTensorSpec, target: DTensorSpec, use_graph_based_transform: bool | None = None
+) -> bool:
+    """Whether torch's own call for this one runs a ``Shard -> Partial`` step (see
+    :func:`may_zero_fill`; False at once where it cannot), read from the plan that call
+    runs (:func:`torch_transform_infos`: its plan cache, which ignores
+    ``use_min_cost_redistribution_plan()``, so the answer can change after
+    ``_gen_transform_infos.cache_clear()``; a caller that remembers it checks it again per
+    call). True where torch's planner raises: the call goes to torch, which raises its own
+    error."""
+    if not may_zero_fill(current, target):
+        return False
+    try:
+        infos = torch_transform_infos(current, target, use_graph_based_transform)
+    except Exception:  # noqa: BLE001 - torch's own call raises this: hand it back
+        return True
+    return any(
+        isinstance(i.src_dst_placements[0], (Shard, _StridedShard)) and i.src_dst_placements[1].is_partial()
+        for i in infos
+    )
+
+
+def torch_transform_infos(
+    current: DTensorSpec, target: DTensorSpec, use_graph_based_transform: bool | None = None
+) -> list:
+    """The steps torch's own ``redistribute_local_tensor`` runs for this call, read as it
+    reads them: from its plan cache (``_gen_transform_infos``, positional arguments as
+    torch passes them: one cache entry for both), uncached while tracing. Raises what
+    torch's planner raises.
+
+    torch's cache key ignores ``use_min_cost_redistribution_plan()``: which of its two
+    planners made a cached entry depends on which call came first (until
+    ``_gen_transform_infos.cache_clear()``). Reading the entry here, at the call, gives
+    what torch's call would run, whatever that order was."""
+    if _funcol_are_we_tracing():  # torch plans uncached while tracing: so do we
+        return _torch_redistribute._gen_transform_infos_non_cached(current, target, use_graph_based_transform)
+    return _torch_redistribute._gen_transform_infos(current, target, use_graph_based_transform)
 
 
 def hits_uneven_all_gather_merge(
     current: DTensorSpec, target: DTensorSpec, use_graph_based_transform: bool | None = None
-) -> bool:
-    """Whether torch 2.13's merge pass (``_optimize_transform_infos``) would merge
-    all_gathers of an unevenly sharded tensor dim into one flattened all_gather,
-    which it does wrongly (it checks evenness for reduce_scatter only; fixed upstream
-    in pytorch PR 194457): consecutive ``Shard(d) -> Replicate`` steps in descending
-    mesh dim order, a flattened mesh over their dims, and the logical size of ``d``
-    at the outermost of them (the size torch pads the merged gather by) not
+) -> bool | None:
+    """Whether torch's merge pass (``_optimize_transform_infos``, the same body from 2.11 to
+    2.15) would merge all_gathers of an unevenly sharded tensor dim into one flattened
+    all_gather, which it does wrongly (it checks evenness for reduce_scatter only; fixed
+    upstream in pytorch PR 194457): consecutive ``Shard(d) -> Replicate`` steps in
+    descending mesh dim order, a flattened mesh over their dims, and the logical size of
+    ``d`` at the outermost of them (the size torch pads the merged gather by) not
     divisible by the product of their sizes.
 
-    The steps are torch's own for this call (``use_graph_based_transform`` as the
-    caller passed it), read from torch's plan cache as its redistribute does, so the
-    call that follows finds them planned. Under LocalTensorMode the logical size is
-    one value per simulated rank: uneven on any rank is a hit (the merge pass is then
-    off for every rank, which is correct for all). A symbolic size (dynamic shapes)
-    cannot be checked: a hit, so torch's unmerged plan runs, right for every size."""
+    The steps are torch's own for this call (:func:`torch_transform_infos`, with
+    ``use_graph_based_transform`` as the caller passed it), so the call that follows
+    finds them planned. Under LocalTensorMode the logical size is one value per
+    simulated rank: uneven on any rank is a hit (the merge pass is then off for every
+    rank, which is correct for all). A symbolic size (dynamic shapes) cannot be checked:
+    a hit, so torch's unmerged plan runs, right for every size.
+
+    None (not False) when torch's planner raises for this call: nothing was decided.
+    torch's own call plans before it runs anything, so it raises that same error; a
+    caller hands the call to torch as it is, and torch raises its own error."""
     try:
-        if _funcol_are_we_tracing():  # torch plans uncached while tracing: so do we
-            infos = _torch_redistribute._gen_transform_infos_non_cached(
-                current, target, use_graph_based_transform
-            )
-        else:  # positional, as torch's redistribute calls it: one cache entry for both
-            infos = _torch_redistribute._gen_transform_infos(current, target, use_graph_based_transform)
-    except Exception:  # noqa: BLE001 - torch will raise its own error when it runs
-        return False
-    mesh = current.mesh
+        infos = torch_transform_infos(current, target, use_graph_based_transform)
+    except Exception:  # noqa: BLE001 - torch's call raises the same error: undecided, not "no bug"
+        return None
+    return uneven_all_gather_merge_in(infos, current.mesh)
+
+
+def uneven_all_gather_merge_in(infos, mesh) -> bool:
+    """:func:`hits_uneven_all_gather_merge` on torch's steps ``infos`` for ``mesh``."""
     i = 0
     while i < len(infos):
         j = i + 1
@@ -319,13 +483,57 @@ def hits_uneven_all_gather_merge(
     return False
 
 
+_NO_MERGE = object()
+
+
+class TorchHandBack:
+    """torch's own call for one (current spec, target spec, ``use_graph_based_transform``)
+    that redist_opt hands back: torch's merge pass on, as torch runs it (a hand-back is
+    never worse than torch), except where torch's plan for the call hits the uneven
+    all_gather merge bug (:func:`hits_uneven_all_gather_merge`): then the merge pass is
+    off for the call. Nothing of redist_opt's runs that can fail: where torch's planner
+    raises, torch's own call raises that error.
+
+    Built once per decided call and kept by the callers' call caches. ``mergeable``:
+    whether the mesh's root has a flattened mesh (torch's merge pass merges only over
+    one): without one nothing can merge, whichever plan torch runs, and torch's function
+    is called directly. With one, which plan torch runs is read at each call (one lookup
+    in torch's plan cache, the one torch's call does next): torch's cache ignores
+    ``use_min_cost_redistribution_plan()``, so after ``_gen_transform_infos.cache_clear()``
+    the same specs may get the other planner's steps. The bug check reruns only when that
+    plan object changed."""
+
+    __slots__ = ("plan", "merge_off")
+
+    def __init__(self, mergeable: bool) -> None:
+        self.plan = None if mergeable else _NO_MERGE
+        self.merge_off = False
+
+    def merges_off(self, current: DTensorSpec, target: DTensorSpec, use_graph_based_transform=None) -> bool:
+        """Whether torch's merge pass is off for this call."""
+        if self.plan is _NO_MERGE:
+            return False
+        try:
+            plan = torch_transform_infos(current, target, use_graph_based_transform)
+        except Exception:  # noqa: BLE001 - torch's own call (merge pass as torch has it) raises this
+            return False
+        if plan is not self.plan:  # the first call, a new cache entry, or tracing (planned afresh)
+            self.merge_off = uneven_all_gather_merge_in(plan, current.mesh)
+            self.plan = plan
+        return self.merge_off
+
+    def __call__(self, local_tensor, current: DTensorSpec, target: DTensorSpec, **kwargs):
+        """torch's ``redistribute_local_tensor(local_tensor, current, target, **kwargs)``."""
+        if self.merges_off(current, target, kwargs.get("use_graph_based_transform")):
+            with reference_semantics():
+                return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, **kwargs)
+        return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, **kwargs)
+
+
 def torch_redistribute_handback(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):
-    """torch's own redistribution for a call redist_opt hands back: torch's merge pass
-    as torch has it (so a hand-back is never worse than torch), except where that
-    exact input hits the uneven all_gather merge bug (then merge pass off)."""
-    if hits_uneven_all_gather_merge(current, target):
-        return torch_redistribute_local(local_tensor, current, target, async_op=async_op)
-    return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, async_op=async_op)
+    """torch's own redistribution for a call redist_opt hands back once (not remembered:
+    :class:`TorchHandBack` is the form a call cache keeps)."""
+    return TorchHandBack(mergeable=True)(local_tensor, current, target, async_op=async_op)
 
 
 def reference_semantics():
@@ -350,49 +558,27 @@ def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
     return [(i.mesh_dim, *i.src_dst_placements, tuple(i.logical_shape)) for i in infos]
 
 
+def process_rank() -> int:
+    """This process's rank in the default process group, as a plain int (0 before
+    torch.distributed is initialized): what names a record, a dump file or a per-rank
+    file. Under LocalTensorMode torch 2.15 patches ``dist.get_rank()`` to return a SymInt
+    holding every simulated rank's value (no JSON, no file name can hold it); the default
+    group's own ``rank()``, unpatched, is what ``dist.get_rank()`` returns outside the mode,
+    and what torch 2.13 returns inside it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    rank = dist.get_rank()
+    if isinstance(rank, torch.SymInt):
+        rank = dist.group.WORLD.rank()
+    return int(rank)
+
+
 def _contiguous_stride(shape):
     stride, acc = [], 1
     for s in reversed(tuple(shape)):
         stride.append(acc)
         acc *= max(int(s), 1)
     return tuple(reversed(stride))
-
-
-def are_we_tracing() -> bool:
-    """torch's own test (funcol's ``_are_we_tracing``): Dynamo, fake or proxy tracing."""
-    return _funcol_are_we_tracing()
-
-
-def group_name(group) -> str:
-    """The name of the process group a funcol ``group`` argument ((mesh, dim), a
-    process group, a name) stands for: what funcol resolves it to on every call."""
-    return _funcol_resolve_group_name(group)
-
-
-def outside_tracing():
-    """A context that steps out of AOTAutograd's fake-tensor and proxy tracing modes.
-
-    Creating a process group (a flattened DeviceMesh) while a compiled program is
-    traced must build real rank tensors and real communicators, not traced ones.
-    """
-    stack = contextlib.ExitStack()
-    stack.enter_context(unset_fake_temporarily())
-    stack.enter_context(disable_proxy_modes_tracing())
-    return stack
-
-
-# -- c10d facts the compiled-graph pass reads (redist_opt.graph) ------------------------
-
-
-def process_group_ranks(group_name: str) -> list[int]:
-    """Global ranks, in group order, of the process group named ``group_name`` (the
-    string functional collectives carry). Raises when no such group exists."""
-    return list(get_process_group_ranks(_resolve_process_group(group_name)))
-
-
-def default_store():
-    """The key-value store of the default process group (the one it rendezvoused on)."""
-    return dist.distributed_c10d._get_default_store()
 
 
 # -- a DTensor's parts -------------------------------------------------------------
@@ -410,51 +596,3 @@ def spec_of_dtensor(dtensor: DTensor) -> DTensorSpec:
 def make_dtensor(local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool) -> DTensor:
     """A DTensor of ``local_tensor`` with ``spec``, as torch's own Redistribute builds it."""
     return DTensor(local_tensor, spec, requires_grad=requires_grad)
-
-
-# -- LocalTensorMode: simulated ranks in one process ----------------------------------
-
-
-def local_tensor_mode():
-    """The active LocalTensorMode, or None (real process groups)."""
-    return enabled_local_tensor_mode()
-
-
-def is_per_rank(x: torch.Tensor) -> bool:
-    """Whether ``x`` holds one tensor per simulated rank (a LocalTensor)."""
-    return isinstance(x, LocalTensor)
-
-
-def map_per_rank(x: torch.Tensor, fn) -> torch.Tensor:
-    """``fn(rank, tensor)`` on each simulated rank's tensor, as one LocalTensor."""
-    return tensor_map(x, fn)
-
-
-def per_rank_tensors(x: torch.Tensor) -> dict | None:
-    """{rank: tensor} of a LocalTensor, None for a plain tensor."""
-    return getattr(x, "_local_tensors", None)
-
-
-def int_on_rank(c, rank: int) -> int:
-    """A coordinate LocalTensorMode gives as a per-rank SymInt (or a constant), on ``rank``."""
-    if isinstance(c, torch.SymInt):
-        node = c.node
-        values = getattr(node, "_local_ints", None)
-        if values is not None:
-            return int(values[rank])
-        return int(node.maybe_as_int() if hasattr(node, "maybe_as_int") else node.int_())
-    return int(c)
-
-
-def ints_on_every_rank(c) -> tuple[int, ...] | None:
-    """The values of a size on every rank: one for an int or a constant SymInt, one per
-    simulated rank for LocalTensorMode's per-rank SymInt; None when it is symbolic
-    (dynamic shapes), where no rank has a value yet."""
-    if isinstance(c, torch.SymInt):
-        node = c.node
-        values = getattr(node, "_local_ints", None)
-        if values is not None:
-            return tuple(int(v) for v in values.values())
-        value = node.maybe_as_int() if hasattr(node, "maybe_as_int") else None
-        return None if value is None else (int(value),)
-    return (int(c),)

@@ -11,6 +11,7 @@ first used and never turns into a silent default.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import warnings
@@ -25,6 +26,7 @@ __all__ = [
     "at_least",
     "private",
     "has_private",
+    "PrivateName",
 ]
 
 TORCH_VERSION_STRING: str = torch.__version__.split("+")[0]
@@ -86,6 +88,61 @@ def has_private(module: str, name: str) -> bool:
     except TorchAPIError:
         return False
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateName:
+    """One private torch name a boundary module reaches, and the releases that have it.
+
+    Each boundary module lists its names in a ``PRIVATE_NAMES`` tuple of these: the
+    tests check that every name a release should have resolves on the installed torch
+    (and that one it should not have is absent), and docs/architecture.md lists them.
+
+    ``name``: None for the module itself; dotted for a nested name
+    (``"DTensorSpec.is_default_device_order"``, ``"_c10d_functional.wait_tensor"``
+    of ``torch.ops``). ``instance``: the last part of ``name`` is an attribute of the
+    class's instances (``"DTensor._spec"``), which the class itself does not have.
+    ``since`` / ``until``: the first and last release that have it (None: every
+    supported one).
+    """
+
+    module: str
+    name: str | None = None
+    since: tuple[int, int] | None = None
+    until: tuple[int, int] | None = None
+    instance: bool = False
+
+    @property
+    def path(self) -> str:
+        return self.module if self.name is None else f"{self.module}.{self.name}"
+
+    @property
+    def expected(self) -> bool:
+        """Whether the installed torch's release should have it."""
+        return (self.since is None or TORCH_VERSION >= self.since) and (
+            self.until is None or TORCH_VERSION <= self.until
+        )
+
+    def releases(self) -> str:
+        """The releases that have it, as text ("2.13 and later")."""
+        since = "" if self.since is None else "{}.{}".format(*self.since)
+        until = "" if self.until is None else "{}.{}".format(*self.until)
+        if since and until:
+            return f"{since} to {until}"
+        if since:
+            return f"{since} and later"
+        return f"up to {until}" if until else "every supported release"
+
+    def get(self):
+        """The object, or :class:`TorchAPIError` naming it, the installed torch and the
+        releases that have it. (An ``instance`` attribute: the class.)"""
+        if not self.expected:
+            raise TorchAPIError(
+                f"redist_opt needs torch's private name {self.path}, which torch {torch.__version__} "
+                f"does not have (torch {self.releases()} does)"
+            )
+        name = self.name.rsplit(".", 1)[0] if self.instance else self.name
+        return private(self.module, name)
 
 
 def _range() -> str:

@@ -17,8 +17,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import redist_opt
 from redist_opt.api import eager
-from redist_opt.torch_api import dtensor as tdt
 from redist_opt.runtime.specialize import RankProgram
+from redist_opt.torch_api import dtensor as tdt
 
 R, S0 = Replicate(), Shard(0)
 P = Partial()

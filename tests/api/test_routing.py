@@ -285,15 +285,16 @@ def test_hand_back_with_rank_dependent_sizes_is_decided_once(monkeypatch, size):
     # dim 1's size after mesh dim a's split. Under LocalTensorMode that size is one
     # value per rank: 2 or 1 for size 3 (and c's size, 1 or 0, does not order against
     # it the same way on every rank), 5 or 4 for size 9 (uneven on the a=0 ranks
-    # only). Uneven on some rank: the merge pass is off for the call, decided once.
+    # only). Uneven on some rank: the merge pass is off for the call, decided once (for
+    # torch's cached plan: tests/api/test_hand_back.py clears it in between).
     decisions = []
-    real_check = tdt.hits_uneven_all_gather_merge
+    real_check = tdt.uneven_all_gather_merge_in
 
     def counted(*args):
         decisions.append(real_check(*args))
         return decisions[-1]
 
-    monkeypatch.setattr(tdt, "hits_uneven_all_gather_merge", counted)
+    monkeypatch.setattr(tdt, "uneven_all_gather_merge_in", counted)
     with LocalTensorMode(8) as lm:
         mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("a", "b", "c"))
         mesh["b", "c"]._flatten("b_c")

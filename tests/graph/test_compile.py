@@ -21,6 +21,9 @@ import redist_opt
 from redist_opt.graph.backend import collectives
 from redist_opt.graph_pass import GraphRewrites
 
+# compiled against torch's traces; .ci/run runs it on every torch of the range
+pytestmark = pytest.mark.differential
+
 
 class GraphCapture:
     """An aot_autograd fw/bw compiler that keeps each graph it is given (forward first)."""

@@ -30,9 +30,10 @@ from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, opti
 from redist_opt.graph.mesh_groups import mesh_contexts
 from redist_opt.ir.layout import mesh_meaning, root_group_names
 
-pytestmark = pytest.mark.xdist_group(
-    "graph_pass"
-)  # the report fixture compiles every program in a subprocess
+pytestmark = [
+    pytest.mark.xdist_group("graph_pass"),  # the report fixture compiles every program in a subprocess
+    pytest.mark.differential,  # compiled against uncompiled; .ci/run runs it on every torch
+]
 
 
 def _run_script(mode: str, rank: int) -> dict:

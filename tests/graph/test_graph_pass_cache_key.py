@@ -10,6 +10,7 @@ rewrite: a hit after another ``REDIST_OPT_COST_PROFILE``, or after a pass change
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -58,3 +59,27 @@ def test_cache_hits_only_with_the_same_code_and_cost_profile(tmp_path):
     with open(tree / "redist_opt" / "passes" / "merge_reductions.py", "a") as f:
         f.write("\n# a change to a pass: its rewrites may differ\n")
     assert not _hit(_compile(cache, tree=tree))
+
+
+def _key_with_flattened(*order: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SUPPORT, "group_order_key_program.py"), *order],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_job_that_flattens_in_another_order_gets_another_key():
+    """The rewritten graph names process groups, which c10d names in creation order: a
+    job creating the same flattened meshes in another order must not load a graph whose
+    names mean other groups (or none) there. The key holds the names."""
+    first = _key_with_flattened("a+b", "b+c")
+    again = _key_with_flattened("a+b", "b+c")
+    swapped = _key_with_flattened("b+c", "a+b")
+    assert first["names"] == again["names"] and first["key"] == again["key"]  # a restart hits
+    assert swapped["names"]["a+b"] != first["names"]["a+b"]  # the same layout, another name
+    assert swapped["key"] != first["key"]

@@ -16,6 +16,9 @@ from support import gloo_worker
 
 from redist_opt.tools.spawn import on_a_free_port
 
+# 4 gloo ranks against torch; .ci/run runs it on every torch of the range
+pytestmark = pytest.mark.differential
+
 TIMEOUT_S = 300
 
 

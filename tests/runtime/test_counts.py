@@ -35,6 +35,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import redist_opt
+from redist_opt.torch_api import dtensor as tdt
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 SHAPES = [(24, 24), (5, 3), (7, 5), (3, 7), (0, 4), (4, 0)]
@@ -119,6 +120,9 @@ def _plan_checks(case: Case, ref_total: int, ref_counts: Counter) -> None:
             for k, m in specs.items()
         }
     for k, p in plans.items():
+        if _zero_fills(case):  # torch 2.15's Shard -> Partial("sum"): handed back to torch
+            assert p.fallback and "zero-fill" in p.fallback_reason, (k, p.fallback_reason)
+            continue
         assert not p.fallback, f"plan({k}) is a fallback: {p.fallback_reason}"
         assert p.num_collectives == ref_total, (
             f"plan({k}).num_collectives = {p.num_collectives}, torch (merge disabled) "
@@ -126,6 +130,13 @@ def _plan_checks(case: Case, ref_total: int, ref_counts: Counter) -> None:
         )
         kinds = Counter(collective_kind(c.kind) for c in p.collectives())
         assert kinds == ref_counts, f"plan({k}).collectives() kinds {dict(kinds)} != torch {dict(ref_counts)}"
+
+
+def _zero_fills(case: Case) -> bool:
+    """Whether the case has a Shard -> Partial("sum") step, which torch 2.15 runs."""
+    return tdt.ZERO_FILLS_SHARD_TO_PARTIAL and any(
+        s.startswith("S(") and d == "P" for s, d in zip(case.src, case.dst)
+    )
 
 
 SAMPLE_EVERY = 8

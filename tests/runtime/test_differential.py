@@ -15,6 +15,9 @@ from support.cases import all_cases
 from support.harness import run_case
 from support.sampling import sampled
 
+# eager against torch, every case; .ci/run runs it on every torch of the range
+pytestmark = pytest.mark.differential
+
 CASES = all_cases()
 SAMPLE_EVERY = 20
 

@@ -161,8 +161,9 @@ MUTANTS = [
     (_extra_collective, ("2x2", ("S(0)", "R"), ("R", "R"), (4, 4)), "collective"),
     (_mutates_input, ("1d4", ("S(0)",), ("R",), (8, 4)), "modified the input"),
     (_returns_input, ("2x2", ("S(0)", "R"), ("R", "R"), (4, 4)), "placements"),
-    (_returns_input, ("1d2", ("S(0)",), ("P",), (4, 4)), "torch raises"),
-    (_raises_type_error, ("1d2", ("S(0)",), ("P",), (4, 4)), "neither RedistributeError"),
+    # S -> P(avg): refused by every torch (2.15 zero-fills S -> P(sum) only)
+    (_returns_input, ("1d2", ("S(0)",), ("P(avg)",), (4, 4)), "torch raises"),
+    (_raises_type_error, ("1d2", ("S(0)",), ("P(avg)",), (4, 4)), "neither RedistributeError"),
     (_raises_re, ("1d2", ("S(0)",), ("R",), (4, 4)), "torch succeeds but redist_opt raised"),
     (_swaps_local_shape, ("2x2", ("S(0)", "S(1)"), ("S(0)", "S(1)"), (4, 4)), "local shape"),
 ]

@@ -68,6 +68,9 @@ import redist_opt
 import redist_opt.api.specs
 import redist_opt.ir.cost
 
+# random programs against torch; .ci/run runs it on every torch of the range
+pytestmark = pytest.mark.differential
+
 # Hypothesis profiles. "ci" (the default here, and what .ci/run asks for with
 # HYPOTHESIS_PROFILE=ci): deterministic (derandomize), no deadline (a mesh built
 # on first use takes longer than hypothesis' default 200 ms), no example

@@ -54,6 +54,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import redist_opt
 import redist_opt.api.errors
 
+# eager against torch's merge pass; .ci/run runs it on every torch of the range
+pytestmark = pytest.mark.differential
+
 F64 = torch.float64
 
 

@@ -177,6 +177,13 @@ def _check_against_reference(mesh_factory, inp, ref, cand, shape, dst_p, optimiz
             f"{mesh_factory.name} {tuple(map(pstr, inp.src))}->"
             f"{tuple(map(pstr, dst_p))} {tuple(shape)}: {ref.describe_error()}"
         )
+    same_as_torch = (
+        cand.error is not None and type(cand.error) is type(ref.error) and str(cand.error) == str(ref.error)
+    )
+    if same_as_torch and optimized:
+        # a call handed back to torch (here: complex partials reduced by max, which torch
+        # 2.15's LocalTensorMode fails with an internal assert) raises torch's own error
+        return
     if cand.error is not None and optimized:
         raise AssertionError(
             f"torch fails inside the simulation; the optimized plan raised {cand.describe_error()}\n{cand.tb}"
@@ -239,10 +246,13 @@ def compare(
             f"DTensor with placements "
             f"{None if cand.out is None else tuple(map(pstr, cand.out.placements))}"
         )
-        assert isinstance(cand.error, (redist_opt.RedistributeError, *ACCEPTED_ERRORS)), (
+        # torch's own error (a call handed back to torch raises exactly what torch does: under
+        # torch 2.15's LocalTensorMode a complex max is a TypeError), or one of ours
+        same_as_torch = type(cand.error) is type(ref.error) and str(cand.error) == str(ref.error)
+        assert same_as_torch or isinstance(cand.error, (redist_opt.RedistributeError, *ACCEPTED_ERRORS)), (
             f"torch raises {ref.describe_error()}; redist_opt raised "
-            f"{cand.describe_error()} which is neither RedistributeError nor "
-            f"RuntimeError\n{cand.tb}"
+            f"{cand.describe_error()} which is neither RedistributeError, RuntimeError nor "
+            f"torch's own error\n{cand.tb}"
         )
         assert str(cand.error).strip(), f"redist_opt raised {type(cand.error).__name__} with an empty message"
         return

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from torch.distributed.tensor.placement_types import Partial
 
 from redist_opt import ir
+from redist_opt.ir import layout
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.lower import lower_steps
 from redist_opt.ir.mesh import MeshSpec
@@ -70,9 +71,9 @@ _MERGEABLE = ("all_gather", "all_reduce", "reduce_scatter")
 
 def torch_flattened_layouts(device_mesh) -> frozenset:
     """Collapsed layouts of the flattened meshes torch's merge pass can find
-    (``root._flatten_mapping``): not the world group, not the root's own dims."""
-    root = device_mesh._get_root_mesh()
-    return frozenset(flat._layout.collapse() for flat in root._flatten_mapping.values())
+    (``root._flatten_mapping``): not the world group, not the root's own dims, as the
+    IR's layouts (read through redist_opt's mesh boundary, on every torch of the range)."""
+    return layout.flatten_mapping_layouts(device_mesh)
 
 
 def _layouts_of(mesh: MeshSpec, flattened) -> frozenset:
