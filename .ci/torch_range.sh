@@ -34,10 +34,14 @@ ci_limit() {
   if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
 
-ci_record() { # PART SECONDS STATUS
+ci_record() { # PART SECONDS STATUS: a step's row; a STATUS other than "ok" fails the run
   CI_ROWS+=("$1"$'\t'"$2"$'\t'"$3")
   [ "$3" = ok ] || CI_FAILED+=("$1")
   echo "ci: [$1] $3 after ${2}s (CI at $(ci_elapsed)s)"
+}
+
+ci_note() { # PART SECONDS NOTE: a row for the summary that fails nothing
+  CI_ROWS+=("$1"$'\t'"$2"$'\t'"$3")
 }
 
 # ci_step PART LIMIT_S CMD...: run CMD (a program, or one of the functions exported below) under a
@@ -144,8 +148,9 @@ ci_prefetch_start() {
   echo "ci: downloading torch $CI_TORCHES into the wheelhouse in the background (pid $CI_PREFETCH_PID)"
 }
 
-ci_prefetch_stop() {
+ci_prefetch_stop() { # the download loop and its pip (timeout passes the signal on to pip)
   if [ -n "${CI_PREFETCH_PID:-}" ] && kill -0 "$CI_PREFETCH_PID" 2>/dev/null; then
+    pkill -TERM -P "$CI_PREFETCH_PID" 2>/dev/null || true
     kill "$CI_PREFETCH_PID" 2>/dev/null || true
   fi
 }
@@ -234,7 +239,15 @@ ci_run_release() { # V
   local v=$1 venv="$CI_WORK/venv-$1"
   echo
   echo "ci: ===== torch $v: install, demo, quick tier + differential suites ====="
-  if ci_step "torch $v: install" 2400 ci_install "$v" "$venv"; then
+  local ok=0
+  ci_step "torch $v: install" 2400 ci_install "$v" "$venv" || ok=$?
+  if [ -f "$CI_WORK/prefetch-$v.rc" ]; then
+    local rc
+    rc=$(cat "$CI_WORK/prefetch-$v.rc")
+    ci_note "torch $v: download (background)" "$(cat "$CI_WORK/prefetch-$v.s")" \
+      "$([ "$rc" -eq 0 ] && echo "ok (in the background; the install waits for it)" || echo "exit $rc: installed from the index")"
+  fi
+  if [ "$ok" -eq 0 ]; then
     ci_step "torch $v: demo" 600 ci_demo "$venv" "$CI_WORK/demo-$v.log" || true
     ci_step "torch $v: tests (not slow or differential)" 2400 ci_range_tests "$venv" || true
   fi

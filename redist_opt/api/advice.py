@@ -88,6 +88,7 @@ def mesh_spec_of_record(mesh: dict, extra_layouts: Iterable = ()) -> MeshSpec:
         index_space=int(mesh["index_space"]),
         backend=mesh.get("backend"),
         ranks_ascending=bool(mesh.get("ranks_ascending", True)),
+        preserve_rank_order=bool(mesh.get("preserve_rank_order", False)),
     )
 
 
@@ -128,6 +129,7 @@ def mesh_record_of_spec(
         "index_space": spec.index_space,
         "backend": spec.backend,
         "ranks_ascending": spec.ranks_ascending,
+        "preserve_rank_order": spec.preserve_rank_order,
         "existing": sorted(layout_json(x) for x in spec.flattened_layouts),
         "root": root or {"sizes": list(spec.sizes), "names": names},
         "flattened": list(flattened),

@@ -161,7 +161,7 @@ class _Reader:
                 out[key] = value
             elif key == "index_space":
                 out[key] = int(value)
-            elif key == "ranks_ascending":
+            elif key in ("ranks_ascending", "preserve_rank_order"):
                 out[key] = value == "True"
             else:
                 raise IRParseError(f"unknown mesh option {key!r}")

@@ -18,7 +18,8 @@ below it, so ``Plan.__str__`` can use it). Pass tests are written in it (IR in, 
   placements, the mesh's dim names and sizes, the global shape, the dtype.
 * ``mesh ...`` (only when any is set): ``flattened=[...]`` groups that exist (dim
   names joined by ``+``, or a CuTe layout), ``backend=``, and for meshes that are
-  not row-major ``layouts=[...]`` (one per dim), ``index_space=``, ``ranks_ascending=``.
+  not row-major ``layouts=[...]`` (one per dim), ``index_space=``, ``ranks_ascending=``,
+  ``preserve_rank_order=`` (torch 2.15's DeviceMesh option: groups keep the layout's order).
 * ``step INDEX over DIMS: SRC -> DST, logical=(...)[, avg_scale=N][, variant=NAME(...)]``
   opens the region of one planner step (:class:`~redist_opt.ir.StepInfo`: its index,
   mesh dims, placements, logical shape); the indented ops below it implement that
@@ -185,6 +186,8 @@ def _mesh_line(mesh: MeshSpec) -> str | None:
         items.append(f"index_space={mesh.index_space}")
     if not mesh.ranks_ascending:
         items.append("ranks_ascending=False")
+    if mesh.preserve_rank_order:
+        items.append("preserve_rank_order=True")
     return "mesh " + " ".join(items) if items else None
 
 

@@ -30,6 +30,7 @@ from redist_opt.tools import wall_stats
 from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
+from redist_opt.torch_api import mesh as torch_mesh
 from redist_opt.torch_api.dtensor import local_tensor_of, reference_semantics
 
 __all__ = [
@@ -208,7 +209,7 @@ def bench_shape(nbytes: int, itemsize: int = 4) -> tuple[int, int]:
 def _wall_worker(rank: int, world: int, mesh_dims, flatten, points, iters: int, warmup: int, cost) -> list:
     mesh = init_device_mesh("cpu", mesh_dims[0], mesh_dim_names=mesh_dims[1])
     for dims in flatten:  # so torch's merge pass (and our groups="existing") can merge
-        mesh[dims]._flatten()
+        torch_mesh.flatten(mesh[dims])
     return [
         run_variants(mesh, src, dst, shape, rank, iters=iters, warmup=warmup, cost=cost)
         for src, dst, shape in points

@@ -33,6 +33,7 @@ from redist_opt.tools.args import CliError, check_samples, format_size, parse_me
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
 from redist_opt.tools.timing import Clock, Stat, loadavg, note_load, select_device, timed_samples, wait
 from redist_opt.torch_api import c10d as funcol
+from redist_opt.torch_api import mesh as torch_mesh
 
 __all__ = [
     "calibrate",
@@ -104,7 +105,7 @@ def measure_collectives(
     if len(groups) > 1:
         dist.barrier()
         t0 = time.perf_counter()
-        flat = mesh._flatten()
+        flat = torch_mesh.flatten(mesh)
         creation.append(time.perf_counter() - t0)
         # Every other set of 2+ dims too (a 2x2x2 mesh has groups of 4 as well as 2 and 8).
         real = [d for d in range(len(mesh_sizes)) if mesh_sizes[d] > 1]
@@ -114,7 +115,7 @@ def measure_collectives(
                 (
                     "+".join(names[d] for d in dims),
                     dims,
-                    mesh[tuple(names[d] for d in dims)]._flatten().get_group(),
+                    torch_mesh.flatten(mesh[tuple(names[d] for d in dims)]).get_group(),
                 )
             )
         groups.append(("+".join(names), tuple(range(len(mesh_sizes))), flat.get_group()))

@@ -135,6 +135,19 @@ def test_mesh_facts_round_trip():
     check_same_under_every_pass(p, "create")
 
 
+def test_preserve_rank_order_round_trips():
+    # torch 2.15's DeviceMesh(preserve_rank_order=True): groups keep the layout's rank order
+    spec = redist_opt.MeshSpec((2, 2), ("a", "b"), preserve_rank_order=True)
+    text = format_ir(redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(4, 4)))
+    assert text.splitlines()[1] == "mesh preserve_rank_order=True"
+    parsed = parse_ir(text)
+    assert parsed.mesh.preserve_rank_order and parsed.mesh == spec
+    plain = format_ir(
+        redist_opt.plan(redist_opt.MeshSpec((2, 2), ("a", "b")), "S(0),S(1)", "R,R", shape=(4, 4))
+    )
+    assert "preserve_rank_order" not in plain
+
+
 def test_hand_written_text_may_leave_shapes_out():
     text = """\
 redistribute [P, P] -> [R, R] on mesh (a=2,b=2), shape (8, 4), float32
