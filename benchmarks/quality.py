@@ -43,13 +43,13 @@ import redist_opt
 from redist_opt.ir.cost import CostModel
 from redist_opt.ir.layout import rank_lists
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.torch_api import dtensor as torch_dtensor
 from redist_opt.tools import quality
 from redist_opt.tools.args import CliError
 from redist_opt.tools.corpus import CATEGORIES, CorpusCase
 from redist_opt.tools.quality import op_str, run_ours
 from redist_opt.tools.quality_report import POLICIES, format_quality
 from redist_opt.tools.spawn import quiet_torch_logs
+from redist_opt.torch_api import dtensor as torch_dtensor
 
 __all__ = ["SIM_WORLD", "sim_shape", "ensure_fake_pg", "run_torch", "quality_bench", "format_report", "main"]
 

@@ -66,6 +66,7 @@ from redist_opt.graph.chain import Chain, ChainOp
 from redist_opt.runtime import store_round
 from redist_opt.runtime.consensus import check_compiled_profile, needs_agreement
 from redist_opt.runtime.store_round import digest
+from redist_opt.torch_api import c10d
 from redist_opt.torch_api.c10d import default_store
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "SliceAgreement", "Agreed", "slice_candidates"]
@@ -141,7 +142,7 @@ class SliceAgreement:
         ranks = tuple(sorted({r for c, _ in pending for r in c.ctx.ranks_of(_scope(c, chains))}))
         mine = [[cands for _, cands in slices] for _, slices in pending]
         texts = [_chain_text(c, ranks) for c, _ in pending]
-        me = self.rank if self.rank is not None else dist.get_rank() if dist.is_initialized() else None
+        me = self.rank if self.rank is not None else c10d.process_rank() if dist.is_initialized() else None
         if self.all_gather is not None:
             gathered = self.all_gather(mine)
             verdict = ("commit", gathered) if not isinstance(gathered, str) else ("abort", gathered, {})

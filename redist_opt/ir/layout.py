@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
 from redist_opt.torch_api import mesh as tm
+from redist_opt.torch_api.c10d import process_rank
 
 __all__ = [
     "FlatLayout",
@@ -153,7 +154,7 @@ def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
     if dist.get_backend() == "fake":
         flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=True)
     else:
-        me = dist.get_rank()
+        me = process_rank()
         tile = next(t for t in remap(layout, tm.rank_map(root)) if me in t)
         # c10d lists a group's ranks in the order it is given: ascending, as new_group
         # sorts them, unless the root preserves rank order (then the layout's order).

@@ -93,7 +93,7 @@ def exchange(topic: str, ranks: Sequence[int], value, *, timeout_s: float | None
     ``timeout_s`` (default: the group's timeout, :func:`~redist_opt.runtime.store_round.bound_s`).
     Each rank of ``ranks`` must call this for the same topics in the same order."""
     ranks = tuple(sorted(ranks))
-    me = dist.get_rank()
+    me = c10d.process_rank()
     timeout_s = store_round.bound_s() if timeout_s is None else timeout_s
     key = f"{_PREFIX}/{_rounds.next_key((topic, ranks))}"
     verdict = store_round.run_round(

@@ -15,6 +15,8 @@ the same ops (2.13 keeps them, deprecated).
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch.distributed.distributed_c10d import get_process_group_ranks
 
 from redist_opt.torch_api.version import PrivateName, at_least, private
@@ -38,6 +40,7 @@ __all__ = [
     "group_name",
     "process_group_ranks",
     "default_store",
+    "process_rank",
 ]
 
 _FUNCOL = "torch.distributed._functional_collectives"
@@ -112,3 +115,18 @@ def process_group_ranks(name: str) -> list[int]:
 def default_store():
     """The key-value store of the default process group (the one it rendezvoused on)."""
     return _get_default_store()
+
+
+def process_rank() -> int:
+    """This process's rank in the default process group, as a plain int (0 before
+    torch.distributed is initialized): what names a record, a dump file or a per-rank
+    file. Under LocalTensorMode torch 2.15 patches ``dist.get_rank()`` to return a SymInt
+    holding every simulated rank's value (no JSON, no file name can hold it); the default
+    group's own ``rank()``, unpatched, is what ``dist.get_rank()`` returns outside the mode,
+    and what torch 2.13 returns inside it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    rank = dist.get_rank()
+    if isinstance(rank, torch.SymInt):
+        rank = dist.group.WORLD.rank()
+    return int(rank)

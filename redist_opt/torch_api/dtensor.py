@@ -34,11 +34,16 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Partial, Shard
 
-from redist_opt.torch_api.c10d import are_we_tracing, default_store, group_name, process_group_ranks
+from redist_opt.torch_api.c10d import (
+    are_we_tracing,
+    default_store,
+    group_name,
+    process_group_ranks,
+    process_rank,
+)
 from redist_opt.torch_api.c10d import are_we_tracing as _funcol_are_we_tracing
 from redist_opt.torch_api.local_tensor import (
     int_on_rank,
@@ -556,21 +561,6 @@ def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
         make_spec(mesh, src, meta), make_spec(mesh, dst, meta)
     )
     return [(i.mesh_dim, *i.src_dst_placements, tuple(i.logical_shape)) for i in infos]
-
-
-def process_rank() -> int:
-    """This process's rank in the default process group, as a plain int (0 before
-    torch.distributed is initialized): what names a record, a dump file or a per-rank
-    file. Under LocalTensorMode torch 2.15 patches ``dist.get_rank()`` to return a SymInt
-    holding every simulated rank's value (no JSON, no file name can hold it); the default
-    group's own ``rank()``, unpatched, is what ``dist.get_rank()`` returns outside the mode,
-    and what torch 2.13 returns inside it."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0
-    rank = dist.get_rank()
-    if isinstance(rank, torch.SymInt):
-        rank = dist.group.WORLD.rank()
-    return int(rank)
 
 
 def _contiguous_stride(shape):

@@ -40,7 +40,7 @@ Read in the sources of torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0
   group is sorted.
 - c10d: ``_new_process_group_helper`` (the same parameters in all five; 2.14 adds
   ``enable_reconfigure``, unused), ``_world`` (``pg_names``, ``pg_group_ranks``),
-  ``_get_default_store``, and ``_set_pg_timeout`` up to 2.13 (2.14 deprecates it,
+  and ``_set_pg_timeout`` up to 2.13 (the default store comes through ``c10d.py``) (2.14 deprecates it,
   still there, for the public ``dist.set_timeout``, used from 2.14 on).
 """
 
@@ -51,6 +51,7 @@ import inspect
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from redist_opt.torch_api.c10d import default_store, process_rank
 from redist_opt.torch_api.version import (
     TORCH_VERSION_STRING,
     PrivateName,
@@ -106,7 +107,6 @@ PRIVATE_NAMES = (
     PrivateName(_LAYOUT, "_MeshLayout.nest", until=(2, 12)),
     PrivateName(_C10D, "_new_process_group_helper"),
     PrivateName(_C10D, "_world"),
-    PrivateName(_C10D, "_get_default_store"),
     PrivateName(_C10D, "_set_pg_timeout"),
 )
 # Private keyword arguments of DeviceMesh(...) redist_opt passes (every release read),
@@ -158,7 +158,6 @@ _check_instance_attributes()
 _check_parameters(DeviceMesh.__init__, _CONSTRUCTOR_ARGUMENTS, "DeviceMesh.__init__")
 _new_process_group_helper = private(_C10D, "_new_process_group_helper")
 _check_parameters(_new_process_group_helper, _GROUP_HELPER_ARGUMENTS, f"{_C10D}._new_process_group_helper")
-_get_default_store = private(_C10D, "_get_default_store")
 # A group's timeout: public ``set_timeout`` from 2.14 (which deprecates ``_set_pg_timeout``
 # with a FutureWarning), the private one before (2.11 to 2.13 have no public one).
 _set_timeout = dist.set_timeout if at_least(2, 14) else private(_C10D, "_set_pg_timeout")
@@ -311,11 +310,11 @@ def member_process_group(ranks: list[int], name: str, desc: str, timeout):
     for pg, pg_name in world.pg_names.items():
         if pg_name == name:
             return pg
-    store = _get_default_store()
+    store = default_store()
     default_timeout = store.timeout
     pg, _ = _new_process_group_helper(
         len(ranks),
-        ranks.index(dist.get_rank()),
+        ranks.index(process_rank()),
         ranks,
         dist.get_backend(),
         store,
