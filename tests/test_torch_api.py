@@ -182,3 +182,28 @@ def test_op_names_of_traced_targets():
     assert c10d.ALL_REDUCE.namespace in c10d.FUNCTIONAL_NAMESPACES
     assert tracing.op_name(torch.add) is None
     assert tracing.op_name(types.SimpleNamespace(_opname="x")) is None
+
+
+def test_the_docs_table_lists_every_declared_private_name_and_no_other():
+    """docs/architecture.md's table of private names is the declarations' table: each
+    boundary module's ``PRIVATE_NAMES`` appear there under that module with the
+    releases they declare, and the table names nothing no boundary declares."""
+    import importlib
+    import pathlib
+    import pkgutil
+    import re
+
+    import redist_opt.torch_api
+
+    declared = set()
+    for info in pkgutil.iter_modules(redist_opt.torch_api.__path__):
+        module = importlib.import_module(f"redist_opt.torch_api.{info.name}")
+        for d in getattr(module, "PRIVATE_NAMES", ()):
+            name = d.path + (" (instance attribute)" if d.instance else "")
+            declared.add((name, f"torch_api/{info.name}.py", d.releases()))
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    row = re.compile(r"^\| `([^`]+)` \| `(torch_api/[a-z0-9_]+\.py)` \| ([^|]+?) \|", re.MULTILINE)
+    listed = {(m.group(1), m.group(2), m.group(3).strip()) for m in row.finditer(doc)}
+    assert declared, "no boundary module declares PRIVATE_NAMES"
+    assert sorted(declared - listed) == [], "declared but not in docs/architecture.md"
+    assert sorted(listed - declared) == [], "in docs/architecture.md but declared by no boundary"

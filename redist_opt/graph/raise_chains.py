@@ -95,6 +95,7 @@ from redist_opt.graph.chain import (
     trim,
 )
 from redist_opt.graph.mesh_groups import MeshContext, resolve_group_name
+from redist_opt.torch_api.tracing import is_redistribute_source
 
 __all__ = ["find_chains", "scatter_prologue"]
 
@@ -130,11 +131,7 @@ def _sole_user(node: fx.Node) -> fx.Node | None:
 
 
 def _from_redistribute(node: fx.Node) -> bool:
-    for _name, target in node.meta.get("source_fn_stack", ()) or ():
-        t = getattr(target, "__name__", target)
-        if t == "redistribute":
-            return True
-    return False
+    return any(is_redistribute_source(target) for _name, target in node.meta.get("source_fn_stack", ()) or ())
 
 
 def _match_slice(node: fx.Node, shape):

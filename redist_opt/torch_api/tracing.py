@@ -41,6 +41,7 @@ __all__ = [
     "get_active_debug_mode",
     "running_autograd_node",
     "op_name",
+    "is_redistribute_source",
     "InfraDispatchMode",
 ]
 
@@ -97,6 +98,19 @@ def op_name(target) -> str | None:
     """The op name of an OpOverload (``all_reduce`` of ``_c10d_functional.all_reduce.default``),
     None for any other call target (a Python function, an OpOverloadPacket)."""
     return target._opname if isinstance(target, _OpOverload) else None
+
+
+# The name Dynamo records in ``source_fn_stack`` for ``DTensor.redistribute``: 2.12 on
+# trace the method itself (the string "redistribute"); 2.11's
+# ``TensorVariable.method_redistribute`` puts a closure named "prim_redistribute" in
+# the graph instead (``torch/_dynamo/variables/tensor.py``).
+_REDISTRIBUTE_SOURCES = ("redistribute", "prim_redistribute")
+
+
+def is_redistribute_source(target) -> bool:
+    """Whether ``target`` (the second item of a ``source_fn_stack`` entry: a function or
+    a method name) is Dynamo's record of a ``DTensor.redistribute`` call."""
+    return getattr(target, "__name__", target) in _REDISTRIBUTE_SOURCES
 
 
 def traced_without_graph(local_tensor) -> bool:

@@ -26,8 +26,9 @@ class _PerRank:
 def ranks_as_threads(monkeypatch):
     store = dist.HashStore()
     local = threading.local()
-    monkeypatch.setattr(consensus.tdt, "default_store", lambda: store)
-    monkeypatch.setattr(consensus.dist, "get_rank", lambda: local.rank)
+    # consensus reaches the store and its rank through the torch boundary (c10d)
+    monkeypatch.setattr(consensus.c10d, "default_store", lambda: store)
+    monkeypatch.setattr(consensus.c10d, "process_rank", lambda: local.rank)
     monkeypatch.setattr(consensus, "_rounds", _PerRank(local))
 
     def run(values: dict, topic="t", ranks=None, timeout_s=2.0):

@@ -25,6 +25,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from redist_opt.torch_api import c10d  # all_gather_single on every torch (funcol has it from 2.13)
 from support import compile_models as CM
 from support import graph_pass_programs as P
 
@@ -36,10 +37,10 @@ def ap_weight_gather(mesh, index=None):
     t = mesh.get_coordinate()[1] if index is None else index
 
     def f(x):  # (2, 8): rows sharded over dp, then tp
-        y = funcol.all_gather_single(x, 0, tp)  # (4, 8)
+        y = c10d.all_gather_single(x, 0, tp)  # (4, 8)
         y = y.split(4, dim=1)[t].clone()  # this rank's columns: S(1) on tp
-        y = funcol.all_gather_single(y, 0, dp)  # (8, 4)
-        y = funcol.all_gather_single(y, 1, tp)  # (8, 8): split + cat on dim 1
+        y = c10d.all_gather_single(y, 0, dp)  # (8, 4)
+        y = c10d.all_gather_single(y, 1, tp)  # (8, 8): split + cat on dim 1
         return y.split(4)[t] * 2  # this rank's rows: S(0) on tp
 
     return f
@@ -66,7 +67,7 @@ def shared_gather_back(mesh):
 
     def f(x):  # (8, 4): P on dp and tp
         y = funcol.all_reduce(x, "sum", tp)
-        z = funcol.all_gather_single(y.split(4)[t].clone(), 0, tp)
+        z = c10d.all_gather_single(y.split(4)[t].clone(), 0, tp)
         z = funcol.all_reduce(z, "sum", dp)
         return torch.cat([z.reshape(-1), y.sum(0)])
 
