@@ -149,6 +149,7 @@ def test_compile_on_one_rank_is_read_where_this_torch_keeps_it_without_a_warning
         assert inductor.compile_on_one_rank() is False
         with config.patch(compile_on_one_rank=True):
             assert inductor.compile_on_one_rank() is True
+    assert inductor.compile_on_one_rank_config() is config
 
 
 # -- patch points and dispatch modes -------------------------------------------------------------
@@ -182,6 +183,39 @@ def test_op_names_of_traced_targets():
     assert c10d.ALL_REDUCE.namespace in c10d.FUNCTIONAL_NAMESPACES
     assert tracing.op_name(torch.add) is None
     assert tracing.op_name(types.SimpleNamespace(_opname="x")) is None
+
+
+def test_dynamo_records_a_redistribute_as_a_source_the_boundary_recognises():
+    """2.11's Dynamo records ``DTensor.redistribute`` as a closure named
+    ``prim_redistribute``, 2.12 on as the method name: the slice DTensor traces for
+    ``R -> S(0)`` carries one of them in ``source_fn_stack`` (what the graph pass trusts)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    sources = []
+
+    def capture(gm, example_inputs):
+        sources.extend(t for n in gm.graph.nodes for _, t in n.meta.get("source_fn_stack", ()) or ())
+        return gm
+
+    def f(x):
+        return (
+            DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+            .redistribute(mesh, [Shard(0)])
+            .to_local()
+        )
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, backend=aot_autograd(fw_compiler=capture), fullgraph=True)(
+            torch.ones(2 * mesh.size(), 2)
+        )
+    finally:
+        torch._dynamo.reset()
+    assert any(tracing.is_redistribute_source(t) for t in sources), sources
+    assert not tracing.is_redistribute_source("split") and not tracing.is_redistribute_source(torch.add)
 
 
 def test_the_docs_table_lists_every_declared_private_name_and_no_other():

@@ -56,7 +56,10 @@ class _Redistribute(torch.autograd.Function):
             )
         else:
             output, target_spec = local, current_spec
-        if output.dtype != out_dtype:
+        # As the installed torch: 2.13 casts the output to the forward dtype, 2.11 / 2.12 keep
+        # the dtype the local redistribution returned (a LocalTensorMode reduce_scatter "avg"
+        # of integers returns float32: tdt.REDISTRIBUTE_CASTS_OUTPUT), with target_spec as is.
+        if output.dtype != out_dtype and tdt.REDISTRIBUTE_CASTS_OUTPUT:
             output = output.to(out_dtype)
             target_spec = tdt.spec_with_dtype(target_spec, input, out_dtype)
         return tdt.make_dtensor(output, target_spec, requires_grad=input.requires_grad)

@@ -61,7 +61,7 @@ from redist_opt.torch_api.tracing import (
     running_autograd_node,
     traced_without_graph,
 )
-from redist_opt.torch_api.version import PrivateName, TorchAPIError, has_private, private
+from redist_opt.torch_api.version import PrivateName, TorchAPIError, at_least, has_private, private
 
 _REDISTRIBUTE = "torch.distributed.tensor._redistribute"
 _SPEC = "torch.distributed.tensor._dtensor_spec"
@@ -581,6 +581,17 @@ def local_tensor_of(dtensor: DTensor) -> torch.Tensor:
 
 def spec_of_dtensor(dtensor: DTensor) -> DTensorSpec:
     return dtensor._spec
+
+
+# Whether torch's ``Redistribute.forward`` (``DTensor.redistribute``) casts the local tensor
+# its redistribution returned to the forward dtype (``dtype_config["out_dtype"]``, torch 2.13
+# and later) or returns it as it came (torch 2.11 and 2.12, whose forward takes
+# ``forward_dtype`` and builds the DTensor from the output directly). The two differ where the
+# local redistribution changes the dtype: under LocalTensorMode a reduce_scatter with "avg" of
+# an integer tensor returns ``sum / n`` as a float (``_local_functional_reduce_scatter_tensor``
+# in ``torch/distributed/_local_tensor/_c10d.py``, every release), which 2.13 casts back
+# (truncating) and 2.11 / 2.12 keep as float32.
+REDISTRIBUTE_CASTS_OUTPUT: bool = at_least(2, 13)
 
 
 def make_dtensor(local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool) -> DTensor:

@@ -44,6 +44,7 @@ __all__ = [
     "post_grad_custom_post_pass",
     "post_grad_passes_with",
     "compile_on_one_rank",
+    "compile_on_one_rank_config",
     "fx_graph_key_pickler",
     "opaque_input_reducer",
     "reduce_scatter_merge_fn",
@@ -143,11 +144,21 @@ def post_grad_passes_with(mark):
     return _Chain(user, mark)
 
 
+def _one_rank_name() -> PrivateName:
+    return _COMPILER_CONFIG if _COMPILER_CONFIG.expected else _DISTRIBUTED_CONFIG
+
+
 def compile_on_one_rank() -> bool:
     """Whether one rank's compile is to run on every rank (``compile_on_one_rank``),
     read where the installed torch keeps it."""
-    where = _COMPILER_CONFIG if _COMPILER_CONFIG.expected else _DISTRIBUTED_CONFIG
-    return bool(where.get())
+    return bool(_one_rank_name().get())
+
+
+def compile_on_one_rank_config():
+    """The config module :func:`compile_on_one_rank` reads (``torch.compiler.config``
+    from 2.14, ``torch.distributed.config`` before): what to ``patch(compile_on_one_rank=...)``
+    without the deprecated alias's warning."""
+    return private(_one_rank_name().module)
 
 
 def fx_graph_key_pickler():

@@ -26,6 +26,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api import routing
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api.version import at_least
 
 
 def _patched_names():
@@ -189,15 +190,19 @@ def test_redistribute_apply_to_partial_is_routed_like_torch():
     with LocalTensorMode(4) as lm:
         mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("w",))
         dt = _partial_input(lm, mesh, [Replicate()], (6, 2))
-        ref = Redistribute.apply(dt, mesh, (Partial(),), False, _dtype_config(dt))
+        ref = Redistribute.apply(dt, mesh, (Partial(),), False, *_dtype_args(dt))
         with redist_opt.enabled():
-            out = Redistribute.apply(dt, mesh, (Partial(),), False, _dtype_config(dt))
+            out = Redistribute.apply(dt, mesh, (Partial(),), False, *_dtype_args(dt))
         _assert_same(out, ref)
 
 
-def _dtype_config(dt):
+def _dtype_args(dt):
+    """``Redistribute.forward``'s dtype arguments, keeping the input's dtype both ways:
+    torch 2.13 takes one ``dtype_config`` dict, 2.11 and 2.12 ``forward_dtype, backward_dtype``."""
     d = dt._local_tensor.dtype
-    return {"op_dtype": d, "out_dtype": d, "backward_options": {"op_dtype": d, "out_dtype": d}}
+    if at_least(2, 13):
+        return ({"op_dtype": d, "out_dtype": d, "backward_options": {"op_dtype": d, "out_dtype": d}},)
+    return (d, d)
 
 
 def test_reductions_around_a_gather_merge_through_enabled():

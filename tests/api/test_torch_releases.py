@@ -6,6 +6,9 @@ whichever torch is installed.
   through ``torch_api.dtensor.process_rank``, a plain int).
 * ``import redist_opt`` and a routed call emit no FutureWarning (torch 2.15 deprecates
   names 2.13 had, e.g. ``torch.distributed.config.compile_on_one_rank``).
+* ``redist_opt.redistribute`` returns the dtype torch's ``DTensor.redistribute`` returns where
+  the local redistribution changes it (LocalTensorMode's reduce_scatter "avg" of integers
+  returns float32): torch 2.13 casts it back, 2.11 and 2.12 keep it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch.distributed as dist
 from support.meshes import ensure_fake_pg
 from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import redist_opt
 from redist_opt.debug import dump
@@ -86,3 +89,22 @@ def test_import_and_a_routed_call_emit_no_future_warning():
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_integer_avg_reduce_scatter_returns_the_dtype_torch_returns():
+    ensure_fake_pg()
+    with LocalTensorMode(4) as lm:
+        mesh = DeviceMesh("cpu", torch.arange(4), mesh_dim_names=("a",))
+        local = lm.rank_map(lambda r: torch.arange(8, dtype=torch.int64).reshape(4, 2) + 7 * r)
+        dt = DTensor.from_local(local, mesh, [Partial("avg")], run_check=False)
+        ref = dt.redistribute(mesh, [Shard(0)])
+        ours = redist_opt.redistribute(dt, [Shard(0)])
+        with redist_opt.enabled():
+            routed = dt.redistribute(mesh, [Shard(0)])
+    # the avg over the 4 ranks is x + 10.5: a float32 result torch 2.13 truncates back to int64
+    assert ref.dtype == (torch.int64 if tdt.REDISTRIBUTE_CASTS_OUTPUT else torch.float32)
+    for out in (ours, routed):
+        assert out.dtype == ref.dtype
+        assert out.to_local().dtype == ref.to_local().dtype
+        for r in range(4):
+            assert torch.equal(out.to_local()._local_tensors[r], ref.to_local()._local_tensors[r])

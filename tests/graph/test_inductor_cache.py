@@ -15,11 +15,19 @@ import torch.distributed as dist
 from support import inductor_cache_programs as P
 
 from redist_opt.tools.spawn import run_ranks
+from redist_opt.torch_api.version import at_least
 
 gloo = pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")
 
 TIMEOUT_S = 900
 TORCH_STEP, OURS_STEP = 7, 4
+# Whether torch's own compile of a DTensor program can use AOTAutograd's cache. torch
+# 2.11's Dynamo puts DTensor's ``redistribute`` / ``to_local`` into the graph as closures
+# (``TensorVariable.method_redistribute``'s ``prim_redistribute``, ``method_to_local``'s
+# ``prim_to_local``), which that cache refuses ("Unsupported call_function target":
+# ``autograd_cache_bypass``), so there torch's compiles of the block use the FX graph
+# cache only; 2.12 on trace them as methods it accepts.
+AOT_CACHES_DTENSOR_PROGRAMS = at_least(2, 12)
 
 
 def _check(result: dict) -> None:
@@ -48,7 +56,12 @@ def test_either_compile_order_in_one_process_gets_its_own_graphs(tmp_path):
         _check(result)
     for result in torch_first:
         # The caches are really on: torch's second compile of the block loads its first.
-        assert result["runs"][2][3].get("aot_autograd.autograd_cache_hit", 0) > 0, result["runs"]
+        cache = result["runs"][2][3]
+        if AOT_CACHES_DTENSOR_PROGRAMS:
+            assert cache.get("aot_autograd.autograd_cache_hit", 0) > 0, result["runs"]
+        else:  # 2.11: from the FX graph cache (AOTAutograd's bypassed, see above)
+            assert cache.get("aot_autograd.autograd_cache_bypass", 0) > 0, result["runs"]
+            assert cache.get("inductor.fxgraph_cache_hit", 0) > 0, result["runs"]
     for result in ours_first:
         # ours' second compile loads both graphs its first compiled
         assert result["runs"][2][3] == {"inductor.fxgraph_cache_hit": 2}, result["runs"]
@@ -71,7 +84,12 @@ def test_disk_cache_serves_ours_to_ours_only_in_a_fresh_process(tmp_path):
     for result in first + second:
         _check(result)
     for result in first:
-        assert result["runs"][1][3].get("aot_autograd.autograd_cache_saved", 0) > 0, result["runs"]
+        cache = result["runs"][1][3]
+        if AOT_CACHES_DTENSOR_PROGRAMS:
+            assert cache.get("aot_autograd.autograd_cache_saved", 0) > 0, result["runs"]
+        else:  # 2.11: torch's entries are its FX graph cache entries (stored on a miss)
+            assert cache.get("aot_autograd.autograd_cache_bypass", 0) > 0, result["runs"]
+            assert cache.get("inductor.fxgraph_cache_miss", 0) > 0, result["runs"]
     for result in second:  # the block has a mesh input: both graphs are loaded, not compiled
         assert result["runs"][1][3] == {"inductor.fxgraph_cache_hit": 2}, result["runs"]
 

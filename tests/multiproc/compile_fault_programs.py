@@ -201,15 +201,16 @@ def _gather_on(tp):
 
 
 def compiled_for_any_rank(ctx) -> dict:
-    """(g) ``torch.distributed.config.compile_on_one_rank``: coordinates are read at run
+    """(g) ``compile_on_one_rank`` (``torch.compiler.config`` from 2.14; the
+    ``torch.distributed.config`` name is a deprecated alias there): coordinates are read at run
     time (no rank's index is baked into the graph), so the graph one rank traces runs
     on every rank. The pass must leave such a graph rank-independent: its code is
     returned (as bytes) for the test to compare across ranks."""
-    import torch.distributed.config as dist_config
+    from redist_opt.torch_api.inductor import compile_on_one_rank_config
 
     mesh = _mesh()
     x = _input((4, 4))
-    with dist_config.patch(compile_on_one_rank=True):
+    with compile_on_one_rank_config().patch(compile_on_one_rank=True):
         torch._dynamo.reset()
         comp = _Compiler(ctx)
         codes = []
