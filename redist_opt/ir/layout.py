@@ -340,15 +340,14 @@ def process_group_backend(device_mesh) -> str | None:
     if not dist.is_initialized():
         return None
     by_dim = {}
-    try:
-        for d in range(device_mesh.ndim):
-            name = str(dist.get_backend(device_mesh.get_group(d)))
-            if ":" in name:  # "cpu:gloo,cuda:nccl"
-                per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
-                name = per_device.get(device_mesh.device_type, name)
-            by_dim[d] = name
-    except (RuntimeError, ValueError):
-        return None
+    # No error is turned into None here: None means "the nccl default", so a group whose
+    # backend cannot be read must fail loudly rather than quietly pick the GPU model.
+    for d in range(device_mesh.ndim):
+        name = str(dist.get_backend(device_mesh.get_group(d)))
+        if ":" in name:  # "cpu:gloo,cuda:nccl"
+            per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+            name = per_device.get(device_mesh.device_type, name)
+        by_dim[d] = name
     # the dims that carry collectives, or every dim of a mesh of one rank
     found = {name for d, name in by_dim.items() if device_mesh.size(d) > 1} or set(by_dim.values())
     if len(found) > 1:

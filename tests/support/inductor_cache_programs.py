@@ -117,6 +117,13 @@ def compile_in_order(
     # q, k and v are reduced too.
     x = torch.randn(2, d, generator=torch.Generator().manual_seed(1)).requires_grad_()
     eager, eager_loss = step_collectives(build_block(mesh, d, hidden), x)
+    # One untimed trace first, by torch's aot_eager (no Inductor, no cache read or
+    # written): torch 2.11 and 2.12 name a process's first AOTAutograd trace of the block
+    # differently from later ones (the same graphs, other node suffixes: permute_8 /
+    # permute_7), and the FX graph cache keys on that code, so without it a compile
+    # traced first could never be served to a later one in the same process.
+    torch._dynamo.reset()
+    step_collectives(torch.compile(build_block(mesh, d, hidden), backend="aot_eager"), x)
     runs = []
     for who in order:
         torch._dynamo.reset()
