@@ -34,6 +34,7 @@ __all__ = [
     "record",
     "Recording",
     "profile_steps",
+    "tune",
     "backend",
     "execute",
     "MeshSpec",
@@ -44,3 +45,13 @@ __all__ = [
     "parse_placement",
     "parse_placements",
 ]
+
+
+def __getattr__(name: str):
+    # ``redist_opt.tune`` lives with the commands (it times steps and compiles variants) and
+    # loads when first used, so ``import redist_opt`` loads no command.
+    if name == "tune":
+        from redist_opt.tools.tune import tune
+
+        return tune
+    raise AttributeError(f"module 'redist_opt' has no attribute {name!r}")

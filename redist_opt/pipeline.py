@@ -56,9 +56,15 @@ from redist_opt.passes import (
     ReorderCollectives,
 )
 
-__all__ = ["run_pipeline", "check_pass_names", "clear_cache", "ORDER"]
+__all__ = ["run_pipeline", "check_pass_names", "clear_cache", "ORDER", "PLAN_OBSERVERS"]
 
 OnChange = Callable[[str | None, Plan], None]
+
+
+# Callables that see every plan ``run_pipeline`` returns (cached or not), e.g.
+# ``redist_opt.tune`` collecting which passes rewrote a step's redistributions. An observer
+# must not raise; it runs on the planning path.
+PLAN_OBSERVERS: list[Callable[[Plan], None]] = []
 
 # (this, that): when both run, this runs first.
 ORDER = [
@@ -90,9 +96,12 @@ def run_pipeline(
         result = _run_cached.__wrapped__(p, options, source, on_change)
     else:
         result = _run_cached(p, options, source)
-    if options.max_collectives == "any" or p.fallback or options.passes is not None:
-        return result  # a pass list the caller chose runs as given (``passes=()``: torch's own steps)
-    return _within_cap(p, result, options, source)
+    if not (options.max_collectives == "any" or p.fallback or options.passes is not None):
+        # (a pass list the caller chose runs as given: ``passes=()`` is torch's own steps)
+        result = _within_cap(p, result, options, source)
+    for observer in tuple(PLAN_OBSERVERS):
+        observer(result)
+    return result
 
 
 def check_pass_names(options: PlanOptions) -> None:

@@ -54,7 +54,7 @@ from redist_opt.ir.placements import RedistributeError
 from redist_opt.torch_api import c10d
 from redist_opt.torch_api.tracing import InfraDispatchMode
 
-__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY"]
+__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY", "world_profile"]
 
 # The key of the measurements in the profile file's "calibration" record.
 IN_STEP_KEY = "in_step"
@@ -208,7 +208,12 @@ def _base_model(base, earlier: CostModel | None, backend: str) -> CostModel:
         return base if isinstance(base, CostModel) else load_profile(base)
     if earlier is not None:
         return earlier
-    # What a plan on the world would resolve to: $REDIST_OPT_COST_PROFILE, else the backend's.
+    return world_profile(backend)
+
+
+def world_profile(backend: str) -> CostModel:
+    """What a plan on the world's ranks resolves to when no ``cost=`` is given:
+    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (every rank alike)."""
     return resolve(MeshSpec((dist.get_world_size(),), backend=backend))[0]
 
 

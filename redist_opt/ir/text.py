@@ -53,6 +53,7 @@ __all__ = [
     "format_graph",
     "format_plan",
     "format_ir",
+    "mesh_str",
     "arg_str",
     "shape_str",
     "head",
@@ -168,6 +169,13 @@ def _step_line(step: ops.StepInfo, mesh: MeshSpec, names) -> str:
         parts = ", ".join(f"{t}: {dims_str(dims, mesh)}" for t, dims in step.parts)
         line += f", variant={step.variant}({parts})"
     return line
+
+
+def mesh_str(mesh: MeshSpec) -> str:
+    """A mesh in one line, as the IR text names it: ``(a=2, b=2)`` then its ``mesh`` line's
+    items (flattened groups, backend, layouts) where it has any."""
+    line = _mesh_line(mesh)
+    return f"({mesh.shape_str})" + ("" if line is None else " " + line.removeprefix("mesh "))
 
 
 def _mesh_line(mesh: MeshSpec) -> str | None:

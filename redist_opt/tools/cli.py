@@ -1,4 +1,4 @@
-"""The ``redist-opt`` command: ``demo``, ``explain``, ``advise``, ``calibrate`` and ``bench``.
+"""The ``redist-opt`` command: ``demo``, ``explain``, ``advise``, ``calibrate``, ``bench`` and ``tune``.
 
 Errors are one line naming the offending argument, exit code 2, no traceback.
 Values shared by the commands are parsed in :mod:`redist_opt.tools.args`. ``explain``
@@ -339,6 +339,40 @@ def _add_advise_arguments(p) -> None:
     p.add_argument("--svg", metavar="FILE", help="also write a bar chart of modelled time per call site")
 
 
+def _add_tune_arguments(p) -> None:
+    p.add_argument("step", metavar="FILE.py:FUNCTION", help="the job's make_step(backend) factory")
+    p.add_argument("--out", required=True, metavar="PROFILE", help="the cost profile to write (JSON)")
+    p.add_argument(
+        "--compiler",
+        choices=("eager", "inductor", "aot_eager"),
+        default="eager",
+        help="eager: the step as it is, ours inside enabled(); inductor / aot_eager: torch.compile with "
+        "that backend, ours with redist_opt.backend(...) (default eager)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=20, help="interleaved rounds of one step per variant (default 20)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default 2)")
+    p.add_argument(
+        "--base",
+        metavar="PROFILE",
+        help="the profile whose decisions are tuned (a file or a built-in name); default: "
+        "$REDIST_OPT_COST_PROFILE, else the backend's",
+    )
+    p.add_argument(
+        "--groups",
+        choices=("existing", "create"),
+        default="existing",
+        help="ours may use existing flattened groups only, or create them (default existing)",
+    )
+    p.add_argument(
+        "--compiled-region-only",
+        action="store_true",
+        help="with a compiler: ours is redist_opt.backend(...) alone, the rest of the step torch's "
+        "(default: the whole step also runs inside redist_opt.enabled(...))",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="redist-opt", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -371,6 +405,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_bench_arguments(be)
     be.set_defaults(func=_command("redist_opt.tools.bench:cmd_bench"))
+
+    tu = sub.add_parser(
+        "tune",
+        help="time the job's own step with each rewrite on and off and write the decisions as a cost "
+        "profile (under torchrun, every rank)",
+        description="Run the job's step (FILE.py:FUNCTION, a make_step(backend) factory; see "
+        "redist_opt.tune) with each rewrite on and off, interleaved, on every rank; keep a rewrite "
+        "unless the slowest rank's step is measured slower with it; write the decisions, ratios and "
+        "intervals as a cost profile for backend(cost=...) and enabled(cost=...).",
+    )
+    _add_tune_arguments(tu)
+    tu.set_defaults(func=_command("redist_opt.tools.tune:cmd_tune"))
 
     adv = sub.add_parser(
         "advise",

@@ -23,6 +23,10 @@ Read in the sources of torch 2.11 to 2.15 (``_inductor/custom_graph_pass.py``,
   it in ``torch.compiler.config`` (the distributed name is then a deprecated alias
   that warns on every read). :func:`compile_on_one_rank` reads where the installed
   release keeps it.
+- The compile caches and recompile limits :func:`separate_compiles` patches
+  (``_inductor.config.fx_graph_cache``, ``_functorch.config.enable_autograd_cache``,
+  ``_dynamo.config.recompile_limit`` and ``accumulated_recompile_limit``) are the same
+  names in all of them.
 - ``codecache.FxGraphCachePickler`` keys ``FakeScriptObject`` inputs (an opaque
   DeviceMesh) through its ``dispatch_table`` in all of them.
 
@@ -32,6 +36,7 @@ Inductor's compiler modules load lazily (``import redist_opt`` does not import
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 from redist_opt.torch_api.version import PrivateName, TorchAPIError, at_least, private
@@ -50,6 +55,7 @@ __all__ = [
     "reduce_scatter_merge_fn",
     "all_reduce_merge_fn",
     "process_collective_bucket",
+    "separate_compiles",
 ]
 
 _PASS = "torch._inductor.custom_graph_pass"
@@ -67,6 +73,10 @@ _FAKE_SCRIPT_OBJECT = PrivateName("torch._library.fake_class_registry", "FakeScr
 _RS_MERGE = PrivateName(_BUCKETING, "reduce_scatter_merge_fn_to_trace")
 _AR_MERGE = PrivateName(_BUCKETING, "all_reduce_merge_fn_to_trace")
 _BUCKET = PrivateName(_BUCKETING, "process_collective_bucket")
+_FX_GRAPH_CACHE = PrivateName("torch._inductor.config", "fx_graph_cache")
+_AUTOGRAD_CACHE = PrivateName("torch._functorch.config", "enable_autograd_cache")
+_RECOMPILE_LIMIT = PrivateName("torch._dynamo.config", "recompile_limit")
+_ACCUMULATED_RECOMPILE_LIMIT = PrivateName("torch._dynamo.config", "accumulated_recompile_limit")
 
 PRIVATE_NAMES = (
     PrivateName(_PASS, "CustomGraphPass"),
@@ -82,6 +92,10 @@ PRIVATE_NAMES = (
     _RS_MERGE,
     _AR_MERGE,
     _BUCKET,
+    _FX_GRAPH_CACHE,
+    _AUTOGRAD_CACHE,
+    _RECOMPILE_LIMIT,
+    _ACCUMULATED_RECOMPILE_LIMIT,
 )
 
 CustomGraphPass = private(_PASS, "CustomGraphPass")
@@ -213,3 +227,22 @@ def process_collective_bucket(graph, bucket_nodes, fn_to_trace, trace_args_fn, *
         insert_before=insert_before,
         wait_insertion_point=wait_at,
     )
+
+
+@contextlib.contextmanager
+def separate_compiles(recompile_limit: int = 64):
+    """Within the block, every compile of one program is its own: Inductor's FX graph cache
+    and AOTAutograd's cache are off (a later compile of the same code with other options
+    is never served an earlier one's artifact, and each compile traces, so what it plans
+    is seen), and Dynamo keeps up to ``recompile_limit`` compiled versions of one frame
+    (one per backend compiled in the block) instead of falling back to eager."""
+    for name in (_FX_GRAPH_CACHE, _AUTOGRAD_CACHE, _RECOMPILE_LIMIT, _ACCUMULATED_RECOMPILE_LIMIT):
+        name.get()  # a moved name raises here, naming it, before anything is patched
+    dynamo_config = private(_RECOMPILE_LIMIT.module)
+    accumulated = max(recompile_limit * 16, dynamo_config.accumulated_recompile_limit)
+    with (
+        private(_FX_GRAPH_CACHE.module).patch(fx_graph_cache=False),
+        private(_AUTOGRAD_CACHE.module).patch(enable_autograd_cache=False),
+        dynamo_config.patch(recompile_limit=recompile_limit, accumulated_recompile_limit=accumulated),
+    ):
+        yield

@@ -1,0 +1,119 @@
+"""``redist_opt.tune``'s rule and entry checks, without ranks (the rank runs are in
+``tests/multiproc/test_tune_gloo.py``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch.distributed as dist
+
+import redist_opt
+from redist_opt.ir.placements import RedistributeError
+from redist_opt.tools import cli
+from redist_opt.tools.args import CliError
+from redist_opt.tools.tune import OURS, TORCH, decide, load_factory
+
+_WITHOUT = "ours without "
+
+
+def _noisy(level: float, n: int = 20, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [level * (1 + 0.02 * rng.random()) for _ in range(n)]
+
+
+def _times(ours: float, **without: float) -> dict:
+    times = {TORCH: _noisy(1.0, seed=1), OURS: _noisy(ours, seed=2)}
+    for i, (name, level) in enumerate(without.items()):
+        times[_WITHOUT + name.replace("_", "-")] = _noisy(level, seed=3 + i)
+    return times
+
+
+def test_a_rewrite_the_step_is_slower_with_is_dropped():
+    (d,) = decide(_times(1.2, merge_reductions=1.0), ["merge-reductions"])
+    assert (d.rewrite, d.keep, d.verdict) == ("merge-reductions", False, "ours slower")
+    assert d.interval[1] < 1.0 and d.ratio == pytest.approx(1 / 1.2, rel=0.03)
+
+
+def test_a_rewrite_the_step_is_faster_with_is_kept():
+    (d,) = decide(_times(0.8, merge_reductions=1.0), ["merge-reductions"])
+    assert (d.keep, d.verdict) == (True, "ours faster")
+
+
+def test_a_rewrite_inside_the_noise_is_kept():
+    rng = random.Random(7)
+    same = [1.0 + 0.3 * rng.random() for _ in range(20)]
+    shuffled = same[::-1]
+    (d,) = decide({TORCH: same, OURS: same, _WITHOUT + "merge-reductions": shuffled}, ["merge-reductions"])
+    assert d.interval[0] <= 1.0 <= d.interval[1]
+    assert d.keep and d.verdict == "no change"
+
+
+def test_each_rewrite_is_judged_against_ours_with_every_rewrite_on():
+    decisions = decide(
+        _times(1.0, merge_reductions=0.8, reduce_scatter_creator=1.3),
+        ["reduce-scatter-creator", "merge-reductions"],
+    )
+    assert [(d.rewrite, d.keep) for d in decisions] == [
+        ("merge-reductions", False),  # sorted by name; the step is faster without it
+        ("reduce-scatter-creator", True),
+    ]
+
+
+def test_the_decisions_are_a_function_of_the_times_alone():
+    times = _times(1.1, merge_reductions=1.0)
+    assert decide(times, ["merge-reductions"]) == decide(dict(reversed(times.items())), ["merge-reductions"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"rounds": 1}, "rounds=1"),
+        ({"rounds": 2.5}, "rounds=2.5"),
+        ({"warmup": 0}, "warmup=0"),
+        ({"compiler": "cudagraphs"}, "compiler='cudagraphs'"),
+    ],
+)
+def test_bad_options_raise_naming_them(kwargs, named):
+    with pytest.raises(RedistributeError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        redist_opt.tune(lambda backend: lambda: None, "unused.json", **kwargs)
+
+
+def test_a_factory_that_is_not_callable_is_refused():
+    with pytest.raises(RedistributeError, match="make_step=3 is not callable"):
+        redist_opt.tune(3, "unused.json")
+
+
+def test_without_a_process_group_it_says_so(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(RedistributeError, match="no process group"):
+        redist_opt.tune(lambda backend: lambda: None, "unused.json")
+
+
+def test_the_fake_backend_is_refused_at_entry(tmp_path):
+    assert dist.get_backend() == "fake"  # the test session's default group (conftest.py)
+    with pytest.raises(RedistributeError, match="'fake' backend moves no data"):
+        redist_opt.tune(lambda backend: lambda: None, str(tmp_path / "p.json"))
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_the_factory_is_found_by_file_or_module(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("def make_step(backend):\n    return lambda: backend\n")
+    assert load_factory(f"{job}:make_step")("x")() == "x"
+    assert load_factory("redist_opt.tools.tune:decide") is decide
+    for target, message in [
+        ("job.py", "expected FILE.py:FUNCTION"),
+        (f"{tmp_path}/missing.py:make_step", "no file"),
+        (f"{job}:nothing", "has no function 'nothing'"),
+        ("no_such_module_here:make_step", "cannot import"),
+    ]:
+        with pytest.raises(CliError, match=message):
+            load_factory(target)
+
+
+def test_the_command_outside_torchrun_says_how_to_launch_it(monkeypatch, capsys):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["tune", "job.py:make_step", "--out", "p.json"]) == 2
+    assert "torchrun --nproc_per_node=N -m redist_opt tune" in capsys.readouterr().err
