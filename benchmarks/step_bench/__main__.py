@@ -40,11 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=30, help="--wall: timed rounds, one step per variant each (default 30)"
     )
     p.add_argument(
-        "--tune-steps",
+        "--tune-rounds",
         type=int,
         default=0,
-        help="--wall: also time a 'tuned' side per compiled compiler, compiled with the in-step profile "
-        "that redist_opt.profile_steps measures over this many steps of each side (default 0: off)",
+        help="--wall: also time a 'tuned' side per compiled compiler, compiled with the profile "
+        "redist_opt.tune writes after this many interleaved rounds of each rewrite on and off "
+        "(default 0: off)",
     )
     p.add_argument(
         "--ablate",

@@ -21,16 +21,18 @@ With ``ablate`` naming rewrite kinds (:data:`ABLATIONS`), each compiled compiler
 more side per kind, ``without <kind>``: ``redist_opt.backend`` with that one rewrite off,
 timed in the same rounds, so what each rewrite does to the step is measured inside it.
 
-With ``tune_steps`` > 0 each compiled compiler gets a third side, ``tuned``: after the
-warm-up, ``redist_opt.profile_steps`` measures ``tune_steps`` steps of torch's variant (the
-collectives as traced, which our rewrites replace) and as many of ours (the rewritten ones)
-into one in-step profile, and ``backend(cost=that profile)`` compiles the blocks again:
-the decisions the step's own times make. What tuning costs (seconds, steps) is reported.
+With ``tune_rounds`` > 0 each compiled compiler gets a third side, ``tuned``: after the
+warm-up, ``redist_opt.tune`` (the shipped workflow, ``docs/tune.md``) times the step with each
+rewrite on and off over ``tune_rounds`` interleaved rounds and writes its decisions as a
+profile, and ``backend(cost=that profile)`` compiles the blocks again. Like the ``ours`` side,
+only the compiled blocks are ours (``route_outside_compiled=False``). What tuning cost
+(seconds, steps, compiles) and what it decided are reported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -47,6 +49,7 @@ from benchmarks.step_bench.worker import build_training, train_step
 from redist_opt.graph_pass import GraphRewrites
 from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.tools import wall_stats
+from redist_opt.tools.tune import format_result
 
 COMPILERS = ("eager", "inductor", "aot_eager")
 SIDES = ("torch", "ours")
@@ -83,7 +86,7 @@ def run_wall(
     compilers: tuple,
     rounds: int,
     warmup: int,
-    tune_steps: int = 0,
+    tune_rounds: int = 0,
     ablate: tuple = (),
 ) -> dict:
     """Spawned target: this rank's step times per variant, collectives per step, and the
@@ -108,9 +111,9 @@ def run_wall(
     }
     step_no = 0
 
-    def step(name: str) -> float:
+    def run_with(block_impls: list, name: str = "") -> float:
         nonlocal step_no
-        for block, impl in zip(blocks, impls[name], strict=True):
+        for block, impl in zip(blocks, block_impls, strict=True):
             block._compiled_call_impl = impl
         route = redist_opt.enabled() if name == "eager/ours" else contextlib.nullcontext()
         data = batches[step_no % len(batches)]
@@ -120,6 +123,9 @@ def run_wall(
             train_step(model, opt, dims, *data)
         return time.perf_counter() - t0
 
+    def step(name: str) -> float:
+        return run_with(impls[name], name)
+
     live = []
     for name in variant_names(compilers, ablate):
         try:
@@ -128,14 +134,12 @@ def run_wall(
             live.append(name)
         except Exception as e:  # noqa: BLE001 - a compile that fails on every rank alike is a result
             out["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    for compiler in compilers if tune_steps > 0 else ():
+    for compiler in compilers if tune_rounds > 0 else ():
         if compiler != "eager" and {f"{compiler}/torch", f"{compiler}/ours"} <= set(live):
             name = f"{compiler}/tuned"
-            t0 = time.perf_counter()
-            impls[name] = _tuned_impls(blocks, compiler, step, cfg, tune_steps)
+            impls[name], out["tuning"][compiler] = _tuned_impls(blocks, compiler, run_with, cfg, tune_rounds)
             for _ in range(warmup):
                 step(name)
-            out["tuning"][compiler] = {"seconds": time.perf_counter() - t0, "steps": 2 * tune_steps + warmup}
             live.append(name)
     out["walls"] = {name: [] for name in live}
     out["order"] = wall_stats.interleaved_order(live, rounds)
@@ -195,24 +199,35 @@ def ablation_arguments(kind: str) -> dict:
     return {"without": (kind,)}
 
 
-def _tuned_impls(blocks: list, compiler: str, step, cfg: M.StepConfig, tune_steps: int) -> list:
-    """Measure ``tune_steps`` steps of torch's variant and of ours into one in-step profile
-    (the same file and contents on every rank), then compile the blocks with it."""
+def _tuned_impls(blocks: list, compiler: str, run_with, cfg: M.StepConfig, tune_rounds: int) -> tuple:
+    """``redist_opt.tune`` on this step (every rank writes the same profile), then the blocks
+    compiled with ``backend(cost=that profile)``; and what tuning took and decided."""
     # The ranks share the parent's pid, so they name the same file.
     path = os.path.join(
         tempfile.gettempdir(), f"step_wall_{cfg.label.replace(' ', '_')}_{compiler}_{os.getppid()}.json"
     )
-    if dist.get_rank() == 0 and os.path.exists(path):
-        os.remove(path)
-    dist.barrier()
-    for side in ("torch", "ours"):
-        with redist_opt.profile_steps(path):
-            for _ in range(tune_steps):
-                step(f"{compiler}/{side}")
-    backend = (
-        redist_opt.backend(cost=path) if compiler == "inductor" else redist_opt.backend(compiler, cost=path)
+
+    def make_step(backend):
+        block_impls = [torch.compile(block._call_impl, backend=backend) for block in blocks]
+        return functools.partial(run_with, block_impls)
+
+    result = redist_opt.tune(
+        make_step, path, compiler=compiler, rounds=tune_rounds, warmup=1, route_outside_compiled=False
     )
-    return [torch.compile(block._call_impl, backend=backend) for block in blocks]
+    if dist.get_rank() == 0:
+        print(format_result(result), flush=True)
+    backend = redist_opt.backend(compiler, cost=path)
+    tuning = {
+        "seconds": result.seconds,
+        "steps": result.steps,
+        "compiles": result.compiles,
+        "decisions": [
+            {"rewrite": d.rewrite, "keep": d.keep, "ratio": d.ratio, "interval": list(d.interval)}
+            for d in result.decisions
+        ],
+        "slower_in_steps": list(result.model.slower_in_steps),
+    }
+    return [torch.compile(block._call_impl, backend=backend) for block in blocks], tuning
 
 
 def _profiled_share(step, name: str) -> float:

@@ -31,7 +31,7 @@ def run_wall_bench(
     rounds: int,
     warmup: int,
     timeout: float,
-    tune_steps: int = 0,
+    tune_rounds: int = 0,
     ablate: tuple = (),
     log=print,
 ) -> list:
@@ -45,7 +45,7 @@ def run_wall_bench(
         ranks = run_ranks(
             run_wall,
             cfg.world,
-            (cfg, tuple(compilers), rounds, warmup, tune_steps, tuple(ablate)),
+            (cfg, tuple(compilers), rounds, warmup, tune_rounds, tuple(ablate)),
             timeout=timeout,
         )
         results.append(summarize(cfg, ranks))
@@ -89,6 +89,10 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
             collectives_ours=r0["collectives"][o_name]["count"],
             walls={"torch": t, "ours": o},
         )
+        if side == "tuned" and f"{compiler}/ours" in r0["walls"]:
+            # the tuned profile against the untuned default, from the same rounds
+            untuned = wall_stats.per_step_max([r["walls"][f"{compiler}/ours"] for r in ranks])
+            row["against_untuned"] = wall_stats.compare(untuned, o)
     return {"config": cfg.label, "stubbed": r0["stubbed"], "rows": rows, "tuning": r0.get("tuning", {})}
 
 
@@ -131,7 +135,7 @@ def cmd_wall(args, configs: list) -> int:
             rounds=args.rounds,
             warmup=args.warmup,
             timeout=args.timeout,
-            tune_steps=args.tune_steps,
+            tune_rounds=args.tune_rounds,
             ablate=tuple(args.ablate or ()),
             log=lambda s: print(s, flush=True),
         )
@@ -147,10 +151,25 @@ def cmd_wall(args, configs: list) -> int:
     )
     print(format_markdown(results))
     for res in results:
+        for r in res["rows"]:
+            if "against_untuned" in r:
+                c = r["against_untuned"]
+                lo, hi = c["interval"]
+                print(
+                    f"\n{r['config']} {r['compiler']}: untuned/tuned {c['ratio']:.3f}x [{lo:.3f}, {hi:.3f}] "
+                    f"({c['verdict'].replace('ours', 'tuned')})"
+                )
+    for res in results:
         for compiler, t in res["tuning"].items():
+            decided = ", ".join(
+                f"{d['rewrite']} {'kept' if d['keep'] else 'dropped'} ({d['ratio']:.3f}x "
+                f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}])"
+                for d in t["decisions"]
+            )
             print(
-                f"\ntuning {res['config']} {compiler}: {t['seconds']:.1f} s, "
-                f"{t['steps']} steps (measure, compile)"
+                f"\ntuning {res['config']} {compiler}: {t['seconds']:.1f} s, {t['steps']} steps, "
+                f"{t['compiles']} compiles; {decided or 'no rewrite to decide'}; "
+                f"left out: {', '.join(t['slower_in_steps']) or 'none'}"
             )
     stubbed = sorted({s for res in results for s in res["stubbed"]})
     if stubbed:
@@ -159,8 +178,23 @@ def cmd_wall(args, configs: list) -> int:
         import json
 
         with open(args.json, "w") as f:
+            import subprocess
+
+            import torch
+
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
             json.dump(
-                {"part": "wall", "rounds": args.rounds, "warmup": args.warmup, "results": results},
+                {
+                    "part": "wall",
+                    "command": "python -m benchmarks.step_bench " + " ".join(sys.argv[1:]),
+                    "commit": commit or None,
+                    "torch": torch.__version__,
+                    "rounds": args.rounds,
+                    "warmup": args.warmup,
+                    "results": results,
+                },
                 f,
                 indent=1,
             )

@@ -154,3 +154,21 @@ def test_first_step_table_is_the_slowest_rank_per_job_and_the_median_of_repeats(
     text = first_step.format_markdown([{"config": "tp_classic 1x1x4 dim 512", "runs": runs}])
     assert "| tp_classic 1x1x4 dim 512 | cold | 10.0 | 10.0 | 1.00x | 0 / 0 |" in text
     assert "| tp_classic 1x1x4 dim 512 | warm | 5.0 | 4.0 | 0.80x | 3 / 0 |" in text
+
+
+def test_the_tuned_side_is_also_compared_with_the_untuned_one_from_the_same_rounds():
+    cfg = StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024)
+    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
+    sides = {"inductor/torch": t, "inductor/ours": [x / 0.9 for x in t], "inductor/tuned": t}
+    rank = {
+        "stubbed": [],
+        "errors": {},
+        "walls": sides,
+        "collectives": {n: {"count": c} for n, c in zip(sides, (66, 58, 62))},
+        "comm": {n: [0.4] for n in sides},
+    }
+    rows = summarize(cfg, [rank])["rows"]
+    assert [r["compiler"] for r in rows] == ["inductor", "inductor, tuned"]
+    assert "against_untuned" not in rows[0]
+    untuned = rows[1]["against_untuned"]  # median(untuned) / median(tuned)
+    assert untuned["ratio"] == pytest.approx(1 / 0.9) and untuned["verdict"] == "ours faster"
