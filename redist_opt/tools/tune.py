@@ -238,6 +238,12 @@ def tune(
     against_torch = {
         name: wall_stats.compare(times[TORCH], times[name]) for name in variants if name != TORCH
     }
+    # What the record says of the run is the same on every rank (every rank writes the same
+    # bytes): the slowest rank's seconds, rank 0's clock for when.
+    clocks: list = [None] * dist.get_world_size()
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    dist.all_gather_object(clocks, (time.perf_counter() - t0, now))
+    seconds, created = max(c[0] for c in clocks), clocks[0][1]
     tuned_variant = OURS if not dropped else _WITHOUT + next(iter(dropped)) if len(dropped) == 1 else None
     result = TuneResult(
         path=path,
@@ -248,7 +254,7 @@ def tune(
         tuned_variant=tuned_variant,
         not_judged=tuple(sorted(unjudged)),
         steps=runs.steps,
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
         compiles=runs.compiles,
     )
     settings = {
@@ -258,7 +264,7 @@ def tune(
         "rounds": rounds,
         "warmup": warmup,
     }
-    record = _record(result, base_model, backend_name, meshes, settings)
+    record = _record(result, base_model, backend_name, meshes, settings, created)
     model.save(path, calibration={**_earlier_calibration(base), TUNE_KEY: record})
     dist.barrier()  # no rank reads the file (a restart, a compile) before every rank wrote it
     return result
@@ -376,10 +382,10 @@ def _earlier_calibration(base) -> dict:
     return {}
 
 
-def _record(result: TuneResult, base_model, backend_name, meshes, settings: dict) -> dict:
+def _record(result: TuneResult, base_model, backend_name, meshes, settings: dict, created: str) -> dict:
     return {
         "command": " ".join(sys.argv),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": created,
         "torch": torch.__version__,
         "backend": backend_name,
         "world_size": dist.get_world_size(),

@@ -153,3 +153,33 @@ def in_step_profile_with_a_late_rank(ctx):
                     _ppr_and_prp(ctx, mesh, {})
     with ctx.redistribution(cost=path):
         return _ppr_and_prp(ctx, mesh, {})
+
+
+def tuned_with_a_late_rank(ctx):
+    """(h) the ranks tune the step ``P,P,R -> R,R,R`` and ``P,R,P -> R,S(0),R`` with
+    ``redist_opt.tune`` (eager, ``groups="create"``) while rank 3 arrives ``ctx.args[1]``
+    seconds late at every step, so its own step times differ from its peers'; each rank
+    writes its profile into its own file in the folder ``ctx.args[0]`` (as on separate
+    hosts); then that step planned with the profile (optimized run): every rank must write
+    the same decisions (the same bytes) and issue the same collectives."""
+    import time
+
+    import redist_opt
+
+    mesh = init_device_mesh("cpu", (2, 2, 2))
+    folder, late_s = ctx.args
+    path = os.path.join(folder, f"tuned_rank{ctx.rank}.json")
+    out = {}
+    if not ctx.reference:
+
+        def make_step(backend):
+            def step():
+                if ctx.rank == 3:
+                    time.sleep(late_s)
+                _ppr_and_prp(ctx, mesh, {})
+
+            return step
+
+        redist_opt.tune(make_step, path, rounds=4, warmup=1, groups=ctx.options["groups"])
+    with ctx.redistribution(cost=path):
+        return _ppr_and_prp(ctx, mesh, out)

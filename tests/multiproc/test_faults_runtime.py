@@ -11,6 +11,8 @@ agreement point, and the other ranks sit in a collective until gloo's timeout.
 
 from __future__ import annotations
 
+import json
+
 import fault_harness as fh
 import fault_programs
 import pytest
@@ -117,3 +119,16 @@ def test_a_rank_that_measures_differently_plans_like_the_others(tmp_path):
     fh.assert_consistent(reps, bound_s=PG_TIMEOUT_S + SLACK_S)
     files = {p.read_bytes() for p in tmp_path.glob("in_step_rank*.json")}
     assert len(files) == 1, "every rank wrote the same profile"
+
+
+def test_a_rank_that_is_late_at_every_tuned_step_decides_like_the_others(tmp_path):
+    # (h) rank 3 is late at every step redist_opt.tune times, so its own clock says
+    # something else than its peers': every rank decides from the gathered times (the
+    # slowest rank per step), writes the same profile and issues the same collectives.
+    reps = _run(fault_programs.tuned_with_a_late_rank, args=(str(tmp_path), 0.05))
+    fh.assert_consistent(reps, bound_s=PG_TIMEOUT_S + SLACK_S)
+    files = {p.read_bytes() for p in tmp_path.glob("tuned_rank*.json")}
+    assert len(files) == 1, "every rank wrote the same profile"
+    record = json.loads(files.pop())["calibration"]["tune"]
+    assert record["world_size"] == WORLD and record["decisions"], record
+    assert min(min(ts) for ts in record["times"].values()) >= 0.05  # every step waited for rank 3
