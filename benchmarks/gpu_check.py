@@ -31,7 +31,8 @@ d. ``first_step``: the first step (compile included) of part b's step, torch's I
    A measurement: it fails only if a side does not run.
 
 ``--dry-run`` runs the same code paths on CPU: CPU tensors, gloo instead of NCCL, tiny sizes, a
-sparser sample; the overlap variants of part b need Triton and are skipped where it is missing.
+sparser sample; the overlap variants of part b need Triton and a CUDA device and are skipped
+where either is missing.
 CI runs the dry run (``.ci/run``), and ``tests/benchmarks/test_gpu_check.py`` runs it too.
 Without CUDA and without ``--dry-run`` every part is skipped and the exit status is 2; otherwise
 it is 1 when a part failed, else 0.
@@ -242,13 +243,22 @@ def part_inductor(s: dict) -> dict:
         mesh = init_device_mesh(device, (2, 2), mesh_dim_names=("dp", "tp"))
         rows = {}
         # Every variant generates its code (no FX graph cache hit), so its kernels can be counted.
+        # Inductor's overlap scheduling prices compute with Triton's get_dram_gbps, which
+        # needs triton and a GPU driver (PyPI's CUDA wheels bring triton to CPU-only machines).
+        overlap_missing = (
+            "triton is not installed"
+            if not triton
+            else None
+            if torch.cuda.is_available()
+            else "no CUDA device (triton cannot query the DRAM bandwidth)"
+        )
         with torch._inductor.config.patch(fx_graph_cache=False):
             for v in G.VARIANTS:
-                if v.endswith("+overlap") and not triton:
+                if v.endswith("+overlap") and overlap_missing:
                     rows[v] = {
                         "variant": v,
                         "skipped": "Inductor's overlap scheduling prices compute with Triton's "
-                        "get_dram_gbps and triton is not installed (docs/inductor.md)",
+                        f"get_dram_gbps and {overlap_missing} (docs/inductor.md)",
                     }
                     continue
                 row, codes = run_and_get_code(G.run_variant, v, mesh, device, s["dim"])
@@ -273,7 +283,7 @@ def part_inductor(s: dict) -> dict:
         return _fail("; ".join(problems), **details)
     counts = ", ".join(f"{v} {r['collectives']}" for v, r in ran.items())
     skipped = [v for v in rows if v not in ran]
-    note = f"; skipped {', '.join(skipped)} (no triton)" if skipped else ""
+    note = f"; skipped {', '.join(skipped)} ({overlap_missing})" if skipped else ""
     kernels = sum(r["triton_kernels"] for r in ran.values())
     return _pass(f"collectives per step: {counts}; {kernels} Triton kernels{note}", **details)
 
