@@ -1,6 +1,6 @@
 """What one GPU can check of redist_opt, in one command.
 
-``python -m benchmarks.gpu_check [--json gpu_check.json] [--parts a,b,c,d] [--dry-run]``
+``python -m benchmarks.gpu_check [--json gpu_check.json] [--parts differential,inductor,nccl,first_step] [--dry-run]``
 
 Run from the checkout's root (``redist_opt`` is imported from it; nothing needs installing beyond
 torch with CUDA, numpy, sympy and networkx). Four parts, each in its own process (a crash, a CUDA
@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import statistics
@@ -402,11 +403,13 @@ def part_nccl(s: dict) -> dict:
                 "trace": traceback.format_exc()[-3000:],
             }
         checks["compiled"] = compiled_rows
+        checks["measuring"] = _measure_on_the_group(mesh, device, x, hand_written, eager_model, step, inputs)
         if device == "cuda":
             torch.cuda.synchronize()
     finally:
         dist.destroy_process_group()
     wrong = [k for k, v in checks["eager"].items() if v is False]
+    wrong += [f"measuring: {k}" for k, v in checks["measuring"].items() if v is False]
     for label, row in checks["compiled"].items():
         if "error" in row:
             wrong.append(f"{label}: {row['error'][:300]}")
@@ -418,6 +421,37 @@ def part_nccl(s: dict) -> dict:
         f"results on a 1-rank {backend_name} group",
         **checks,
     )
+
+
+def _measure_on_the_group(mesh, device, x, hand_written, model, step, inputs) -> dict:
+    """``profile_steps`` (on CUDA its device events) and ``tune`` (eager) on the group."""
+    import tempfile
+
+    import torch.distributed._functional_collectives as funcol
+
+    import redist_opt
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        with redist_opt.profile_steps(os.path.join(tmp, "in_step.json")) as costs:
+            for _ in range(3):
+                funcol.wait_tensor(hand_written(x))
+        times = [m["time"] for m in costs.measurements]
+        out["profile_steps_keys"] = len(costs.measurements)
+        out["profile_steps_times_finite"] = bool(times) and all(math.isfinite(t) and t >= 0 for t in times)
+        out["profile_steps_clock"] = "device events" if device != "cpu" else "host"
+
+        def make_step(backend):
+            def one():
+                loss = step(model, *inputs())
+                loss.backward()
+
+            return one
+
+        result = redist_opt.tune(make_step, os.path.join(tmp, "tuned.json"), rounds=3, warmup=1)
+        out["tune_steps"] = result.steps
+        out["tune_wrote_profile"] = os.path.exists(os.path.join(tmp, "tuned.json"))
+    return out
 
 
 # ----------------------------------------------------------------------------

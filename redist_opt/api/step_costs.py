@@ -28,9 +28,18 @@ that measured differently therefore cannot make a different decision; a profile 
 that later differs by rank is the existing compile-time check's fault (every rank
 raises, naming it).
 
-Host clocks see what a CPU backend spends (gloo). On a GPU the host sees only a
-collective's launch and a stream wait; measuring NCCL kernels needs device events, which
-this module does not take yet.
+Clocks: on CPU tensors (gloo) the host's clock, which sees the whole collective. On an
+accelerator the host sees only a collective's launch and a stream wait, so a collective on a
+device tensor is timed by device events on the issuing stream: one recorded before the
+issue, one after ``wait_tensor`` (which makes that stream wait for the collective's), read
+at the end of the block. Both span the same thing: from the issue until the step can use
+the result.
+
+Collectives issued through c10d rather than funcol (``dist.all_gather_into_tensor`` and the
+like, as FSDP2 issues them) are not in the fitted curves: their wait is a ``Work.wait()``
+outside the dispatcher, so only their issue is seen. They are counted and their issue time
+summed as "other communication" (``StepCosts.other_communication``, the profile's record),
+so a step whose time goes there shows it.
 """
 
 from __future__ import annotations
@@ -86,8 +95,11 @@ class _CollectiveTimer(InfraDispatchMode):
     def __init__(self):
         super().__init__()
         self.times: dict[tuple[str, int, int], list[float]] = {}
-        self._pending: dict[int, tuple[tuple[str, int, int], float]] = {}
+        self._pending: dict[int, tuple[tuple[str, int, int], object]] = {}
         self._sizes: dict[str, int] = {}
+        self._device_spans: list[tuple[tuple[str, int, int], object, object]] = []
+        # c10d (not funcol) collectives: op name -> [calls, seconds spent issuing them]
+        self.other: dict[str, list] = {}
 
     def _group_size(self, name: str) -> int:
         if name not in self._sizes:
@@ -102,6 +114,12 @@ class _CollectiveTimer(InfraDispatchMode):
             kind, group_arg = _COLLECTIVES[func]
             x = args[0]
             key = (kind, self._group_size(str(args[group_arg])), x.numel() * x.element_size())
+            if x.device.type != "cpu":  # device events on the issuing stream
+                start = torch.Event(x.device, enable_timing=True)
+                start.record()
+                out = func(*args, **kwargs)
+                self._pending[_buffer(out)] = (key, start)
+                return out
             t0 = time.perf_counter()
             out = func(*args, **kwargs)
             self._pending[_buffer(out)] = (key, time.perf_counter() - t0)
@@ -112,10 +130,29 @@ class _CollectiveTimer(InfraDispatchMode):
             waited = time.perf_counter() - t0
             issued = self._pending.pop(_buffer(args[0]), None)
             if issued is not None:
-                key, issue_s = issued
-                self.times.setdefault(key, []).append(issue_s + waited)
+                key, start = issued
+                if isinstance(start, float):
+                    self.times.setdefault(key, []).append(start + waited)
+                else:
+                    end = torch.Event(args[0].device, enable_timing=True)
+                    end.record()
+                    self._device_spans.append((key, start, end))
+            return out
+        if func.namespace == "c10d":  # a c10d collective (FSDP2's): its issue only
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            entry = self.other.setdefault(func.__name__, [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
             return out
         return func(*args, **kwargs)
+
+    def read_device_spans(self) -> None:
+        """Add the device-timed collectives to ``times`` (waits for their end events)."""
+        for key, start, end in self._device_spans:
+            end.synchronize()
+            self.times.setdefault(key, []).append(start.elapsed_time(end) / 1e3)  # ms -> s
+        self._device_spans.clear()
 
 
 @dataclasses.dataclass
@@ -127,6 +164,8 @@ class StepCosts:
     path: str
     measurements: list[dict] = dataclasses.field(default_factory=list)
     model: CostModel | None = None
+    # c10d collectives outside funcol, per op: {"calls", "issue_s"} of the slowest rank
+    other_communication: dict = dataclasses.field(default_factory=dict)
 
 
 def _rank_medians(times: dict) -> dict:
@@ -154,6 +193,19 @@ def agree(per_rank: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+def agree_other(per_rank: list[dict]) -> dict:
+    """The c10d collectives outside funcol: per op, the most calls and the longest issue
+    time of any rank (a pure function of the gathered list, like :func:`agree`)."""
+    ops = sorted({op for other in per_rank for op in other})
+    return {
+        op: {
+            "calls": max(other.get(op, [0, 0.0])[0] for other in per_rank),
+            "issue_s": max(other.get(op, [0, 0.0])[1] for other in per_rank),
+        }
+        for op in ops
+    }
 
 
 def merge(earlier: list[dict], new: list[dict]) -> list[dict]:
@@ -240,23 +292,32 @@ def profile_steps(path: str | os.PathLike, *, base: CostModel | str | None = Non
     timer = _CollectiveTimer()
     with timer:
         yield result
+    timer.read_device_spans()
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (_rank_medians(timer.times), earlier, base_model))
+    dist.all_gather_object(gathered, (_rank_medians(timer.times), earlier, base_model, timer.other))
     # Every rank must start from the same file and base: a profile that differs by rank
     # would make ranks decide differently. Each rank checks the same gathered list, so
     # they all raise or all go on.
-    first = gathered[0][1:]
-    differing = [r for r, (_, e, b) in enumerate(gathered) if (e, b) != first]
+    first = gathered[0][1:3]
+    differing = [r for r, (_, e, b, _) in enumerate(gathered) if (e, b) != first]
     if differing:
         raise RedistributeError(
             f"profile_steps({path!r}): ranks {differing} read another profile or base than rank 0 "
             "(a file that differs by host, or a different REDIST_OPT_COST_PROFILE): nothing written"
         )
-    result.measurements = merge(earlier, agree([medians for medians, _, _ in gathered]))
+    result.measurements = merge(earlier, agree([medians for medians, _, _, _ in gathered]))
+    result.other_communication = agree_other([other for _, _, _, other in gathered])
     if not all(math.isfinite(m["time"]) for m in result.measurements):
         raise RedistributeError(f"profile_steps({path!r}): a measured time is not finite: nothing written")
     result.model = fit(base_model, result.measurements)
     result.model.save(
-        path, calibration={IN_STEP_KEY: {"measurements": result.measurements, "backend": backend}}
+        path,
+        calibration={
+            IN_STEP_KEY: {
+                "measurements": result.measurements,
+                "other_communication": result.other_communication,
+                "backend": backend,
+            }
+        },
     )
     dist.barrier()  # no rank reads the file (a next block, a compile) before every rank wrote it

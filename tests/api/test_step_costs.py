@@ -104,6 +104,10 @@ def test_one_late_rank_leaves_every_rank_with_the_same_profile_and_plan(tmp_path
         record = json.load(f)["calibration"]["in_step"]
     assert record["backend"] == "gloo"
     assert {(m["kind"], m["p"]) for m in record["measurements"]} == {("all_reduce", 2), ("reduce_scatter", 4)}
+    # the c10d all_reduce is other communication: counted (3 steps) and its issue timed
+    assert record["other_communication"] == results[0]["other_communication"]
+    [(op, other)] = record["other_communication"].items()
+    assert op.startswith("allreduce_") and other["calls"] == 3 and other["issue_s"] > 0
 
 
 @pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo")

@@ -17,7 +17,8 @@ from redist_opt.ir.placements import RedistributeError
 
 
 def _step(mesh, rank: int, late_rank: int, late_s: float) -> None:
-    """Two pair all_reduces of 1 KiB and 4 KiB, then a reduce_scatter over the world;
+    """Two pair all_reduces of 1 KiB and 4 KiB, then a reduce_scatter over the world (funcol),
+    and an all_reduce through c10d;
     ``late_rank`` arrives ``late_s`` late (the skew a real step has)."""
     if rank == late_rank:
         time.sleep(late_s)
@@ -27,6 +28,7 @@ def _step(mesh, rank: int, late_rank: int, late_s: float) -> None:
         torch.ops._c10d_functional.wait_tensor(x)
     y = funcol.reduce_scatter_tensor(torch.ones(1024), "sum", 0, dist.group.WORLD)
     torch.ops._c10d_functional.wait_tensor(y)
+    dist.all_reduce(torch.ones(8))  # through c10d, as FSDP2 issues its collectives
 
 
 def skewed_steps(rank: int, world: int, path: str, late_rank: int, late_s: float) -> dict:
@@ -44,6 +46,7 @@ def skewed_steps(rank: int, world: int, path: str, late_rank: int, late_s: float
     return {
         "digest": digest,
         "measurements": costs.measurements,
+        "other_communication": costs.other_communication,
         "pair_all_reduce_1KiB_s": costs.model.time_of("all_reduce", 2, "intra", 1024),
         "plan": str(planned),
     }
