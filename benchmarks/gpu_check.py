@@ -1,6 +1,7 @@
 """What one GPU can check of redist_opt, in one command.
 
-``python -m benchmarks.gpu_check [--json gpu_check.json] [--parts differential,inductor,nccl,first_step] [--dry-run]``
+``python -m benchmarks.gpu_check [--json gpu_check.json] [--parts PART,...] [--dry-run]``
+(parts: ``differential``, ``inductor``, ``nccl``, ``first_step``)
 
 Run from the checkout's root (``redist_opt`` is imported from it; nothing needs installing beyond
 torch with CUDA, numpy, sympy and networkx). Four parts, each in its own process (a crash, a CUDA
