@@ -350,11 +350,11 @@ def _group_labels() -> dict[str, str]:
             names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
             shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):
-                labels.setdefault(root.get_group(d).group_name, f"mesh dim {names[d]} of mesh {shape}")
+                labels.setdefault(L.group_name(root, d), f"mesh dim {names[d]} of mesh {shape}")
             for flat_name, flat, covered in L.flattened_dims(root):
                 what = "+".join(names[d] for d in covered) if covered else flat_name
                 labels.setdefault(
-                    flat.get_group(0).group_name, f"mesh dims {what} of mesh {shape} (flattened {flat_name})"
+                    L.group_name(flat), f"mesh dims {what} of mesh {shape} (flattened {flat_name})"
                 )
         except Exception:  # noqa: BLE001 - a label is a courtesy; never fail a compile for it
             continue

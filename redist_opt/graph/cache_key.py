@@ -142,10 +142,10 @@ def _group_names(device_mesh) -> list:
     c10d hands out in creation order: a job that creates its flattened meshes in another
     order has the same layouts under other names, and must not load a graph naming a
     group it does not have (or another group under that name)."""
-    names = [[f"dim {d}", device_mesh.get_group(d).group_name] for d in range(device_mesh.ndim)]
+    names = [[f"dim {d}", L.group_name(device_mesh, d)] for d in range(device_mesh.ndim)]
     for layout, (mesh, dim) in L.known_communicators(device_mesh).items():
-        group = dist.group.WORLD if mesh == "world" else mesh.get_group(dim)
-        names.append([L.format_layout(layout), group.group_name])
+        name = dist.group.WORLD.group_name if mesh == "world" else L.group_name(mesh, dim)
+        names.append([L.format_layout(layout), name])
     return sorted(names)
 
 

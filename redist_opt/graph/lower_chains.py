@@ -34,6 +34,7 @@ from redist_opt import ir
 from redist_opt.graph.chain import C10D
 from redist_opt.graph.lower_ops import LOWERED_OPS, Emitter
 from redist_opt.graph.mesh_groups import MeshContext
+from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.local_ops import LOCAL_OPS, collective, rank_params
 from redist_opt.runtime.groups import GroupUnavailable, resolve_group
@@ -54,7 +55,7 @@ def group_name(ctx: MeshContext, group, policy: str) -> str:
         raise Unlowerable(str(e)) from e
     if isinstance(found, tuple):
         mesh, dim = found
-        return mesh.get_group(dim).group_name
+        return L.group_name(mesh, dim)
     return (found if found is not None else dist.group.WORLD).group_name
 
 

@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
 from redist_opt.torch_api import mesh as tm
-from redist_opt.torch_api.c10d import process_rank
+from redist_opt.torch_api.c10d import process_group, process_rank
 
 __all__ = [
     "FlatLayout",
@@ -207,6 +207,21 @@ def dim_group_names(device_mesh) -> tuple[str, ...]:
     return () if names is None else names
 
 
+def group_name(device_mesh, dim: int = 0) -> str:
+    """The name of the process group of ``device_mesh``'s dim ``dim``, read as funcol reads
+    ``(mesh, dim)``. Not through ``DeviceMesh.get_group``: while torch.compile traces, torch
+    2.15's ``get_group`` looks the group up in the root mesh's registry, which does not hold
+    every group a mesh view names (torchtitan's meshes on 2.15: "PG 11 was not found while
+    torch.compile tracing"), where the name alone is all that is needed."""
+    names = dim_group_names(device_mesh)
+    if not 0 <= dim < len(names):
+        raise RuntimeError(
+            f"mesh {device_mesh} has no process group for dim {dim} on rank {process_rank()} "
+            f"(its groups: {list(names)})"
+        )
+    return names[dim]
+
+
 def flattened_meshes(device_mesh) -> dict:
     """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
     return tm.flattened_meshes(device_mesh)
@@ -343,7 +358,7 @@ def process_group_backend(device_mesh) -> str | None:
     # No error is turned into None here: None means "the nccl default", so a group whose
     # backend cannot be read must fail loudly rather than quietly pick the GPU model.
     for d in range(device_mesh.ndim):
-        name = str(dist.get_backend(device_mesh.get_group(d)))
+        name = str(dist.get_backend(process_group(group_name(device_mesh, d))))
         if ":" in name:  # "cpu:gloo,cuda:nccl"
             per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
             name = per_device.get(device_mesh.device_type, name)

@@ -106,10 +106,16 @@ def group_name(group) -> str:
     return _resolve_group_name(group)
 
 
+def process_group(name: str):
+    """The process group named ``name`` (what funcol resolves a name to). Raises when no
+    such group exists in this process."""
+    return _resolve_process_group(name)
+
+
 def process_group_ranks(name: str) -> list[int]:
     """Global ranks, in group order, of the process group named ``name`` (the string
     functional collectives carry). Raises when no such group exists."""
-    return list(get_process_group_ranks(_resolve_process_group(name)))
+    return list(get_process_group_ranks(process_group(name)))
 
 
 def default_store():

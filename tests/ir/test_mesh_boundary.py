@@ -158,3 +158,27 @@ def test_without_preserve_rank_order_the_same_group_is_sorted():
     assert not tm.preserves_rank_order(flat)
     assert dist.get_process_group_ranks(flat.get_group()) == [0, 1, 4, 5]
     L.forget_flattened_mesh(mesh, ca)
+
+
+def test_group_names_and_backend_are_read_without_get_group_while_compiling(monkeypatch):
+    # While torch.compile traces, torch 2.15's DeviceMesh.get_group looks a group up in the
+    # root mesh's registry, which a copy of an unflattened view does not carry ("PG 5 was
+    # not found while torch.compile tracing"): Dynamo and AOTAutograd hand the graph pass
+    # such copies. redist_opt reads a dim's group name as funcol does and resolves the
+    # group by name, so it reads the same facts from the view and from its copy.
+    import copy
+
+    from redist_opt.graph.cache_key import _group_names
+
+    world = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
+    view = world._unflatten(0, (2, 2, 2), ("dp", "cp", "tp"))
+    tm.flatten(view["cp", "tp"], "cp_tp")
+    facts = [(L.group_name(view, d), L.process_group_backend(view)) for d in range(3)]
+    key = _group_names(view)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    twin = copy.deepcopy(view)
+    assert [(L.group_name(twin, d), L.process_group_backend(twin)) for d in range(3)] == facts
+    assert _group_names(twin) == key and len(key) > 3  # the dims and the flattened meshes
+    assert facts[0] == (tm.dim_group_names(view)[0], dist.get_backend())
+    with pytest.raises(RuntimeError, match="no process group for dim 3"):
+        L.group_name(view, 3)
