@@ -112,18 +112,22 @@ def test_ablated_sides_follow_their_compilers_ours_and_turn_one_rewrite_off():
         ablation_arguments("fuse")
 
 
-def test_summary_has_one_row_per_ablated_side_against_torch():
-    cfg = StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024)
-    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
-    sides = {"inductor/torch": t, "inductor/ours": [x / 0.9 for x in t], "inductor/without combine": t}
-    rank = {
+def _compiled_rank(sides: dict) -> dict:
+    """One rank's record of three compiled sides (66, 58 and 62 collectives per step)."""
+    return {
         "stubbed": [],
         "errors": {},
         "walls": sides,
         "collectives": {n: {"count": c} for n, c in zip(sides, (66, 58, 62))},
         "comm": {n: [0.4] for n in sides},
     }
-    rows = summarize(cfg, [rank])["rows"]
+
+
+def test_summary_has_one_row_per_ablated_side_against_torch():
+    cfg = StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024)
+    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
+    sides = {"inductor/torch": t, "inductor/ours": [x / 0.9 for x in t], "inductor/without combine": t}
+    rows = summarize(cfg, [_compiled_rank(sides)])["rows"]
     assert [r["compiler"] for r in rows] == ["inductor", "inductor, without combine"]
     assert rows[0]["ratio"] == pytest.approx(0.9) and rows[1]["ratio"] == pytest.approx(1.0)
     assert rows[1]["collectives_ours"] == 62
@@ -160,14 +164,7 @@ def test_the_tuned_side_is_also_compared_with_the_untuned_one_from_the_same_roun
     cfg = StepConfig("simplefsdp_tp", 1, 2, 2, dim=1024)
     t = [0.2 + 0.001 * (i % 3) for i in range(30)]
     sides = {"inductor/torch": t, "inductor/ours": [x / 0.9 for x in t], "inductor/tuned": t}
-    rank = {
-        "stubbed": [],
-        "errors": {},
-        "walls": sides,
-        "collectives": {n: {"count": c} for n, c in zip(sides, (66, 58, 62))},
-        "comm": {n: [0.4] for n in sides},
-    }
-    rows = summarize(cfg, [rank])["rows"]
+    rows = summarize(cfg, [_compiled_rank(sides)])["rows"]
     assert [r["compiler"] for r in rows] == ["inductor", "inductor, tuned"]
     assert "against_untuned" not in rows[0]
     untuned = rows[1]["against_untuned"]  # median(untuned) / median(tuned)
