@@ -90,6 +90,7 @@ import torch.distributed as dist
 
 from redist_opt import pipeline
 from redist_opt.api import clear_caches, enabled
+from redist_opt.api.routing import active_options
 from redist_opt.api.step_costs import world_profile
 from redist_opt.graph.backend import backend as redist_backend
 from redist_opt.ir.cost import CostModel, load_profile
@@ -196,6 +197,11 @@ def tune(
     rounds, warmup = _check(make_step, compiler, rounds, warmup)
     if not dist.is_initialized():
         raise RedistributeError("tune: no process group: call torch.distributed.init_process_group first")
+    if active_options() is not None:
+        raise RedistributeError(
+            "tune: called inside redist_opt.enabled(): torch's side would be routed too; call it outside "
+            "(tune enters enabled() itself for ours)"
+        )
     backend_name = dist.get_backend()
     if backend_name == "fake":
         raise RedistributeError("tune: the 'fake' backend moves no data, so there is no step time to measure")

@@ -97,6 +97,11 @@ def test_the_fake_backend_is_refused_at_entry(tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
+def test_inside_enabled_it_refuses_since_torchs_side_would_be_routed(tmp_path):
+    with redist_opt.enabled(), pytest.raises(RedistributeError, match="inside redist_opt.enabled"):
+        redist_opt.tune(lambda backend: lambda: None, str(tmp_path / "p.json"))
+
+
 def test_the_factory_is_found_by_file_or_module(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("def make_step(backend):\n    return lambda: backend\n")
