@@ -122,11 +122,25 @@ def format_markdown(results: list) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str | None:
+    """The checkout's commit, with "+changes" when its tracked files differ from it."""
+    import subprocess
+
+    def git(*argv) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def cmd_wall(args, configs: list) -> int:
     from redist_opt.tools.spawn import SpawnError
     from redist_opt.tools.timing import note_load
 
     compilers = tuple(args.wall_compiler) if args.wall_compiler else COMPILERS
+    commit = _commit()  # the code the ranks run: read before they start
     note_load(end="\n\n")
     try:
         results = run_wall_bench(
@@ -178,13 +192,8 @@ def cmd_wall(args, configs: list) -> int:
         import json
 
         with open(args.json, "w") as f:
-            import subprocess
-
             import torch
 
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip()
             json.dump(
                 {
                     "part": "wall",
