@@ -49,10 +49,13 @@ What it runs, on every rank, in this order:
    stream, synchronized, on a GPU, which sees NCCL's kernels where the host sees launches).
 4. **The rule** (``wall_stats``): the ranks gather their times; a step takes as long as
    its slowest rank; per candidate, the ratio median(step without it) / median(step with
-   it) and its paired-bootstrap 95% interval. A rewrite is kept unless the step is measured
-   slower with it (the whole interval below 1). Every rank computes this from the same
-   gathered times with a seeded bootstrap, so every rank decides the same, however
-   differently its own clock ran.
+   it) and its paired-bootstrap 95% interval. A measurement changes the base profile's
+   decision only where it is confident: a rewrite the base keeps is dropped when the step
+   is measured slower with it (the whole interval below 1); one the base leaves out comes
+   back only when the step is measured faster with it (the whole interval above 1). Inside
+   the noise the base's decision stands, so a short tuning run cannot overturn a decision
+   measured with more rounds. Every rank computes this from the same gathered times with a
+   seeded bootstrap, so every rank decides the same, however differently its own clock ran.
 5. **The profile**: the base profile with ``slower_in_steps`` = the dropped rewrites, plus
    the base's exclusions of passes that rewrote nothing in this step (the step cannot
    judge them), and under ``calibration["tune"]`` the measurements: per variant the step
@@ -125,8 +128,8 @@ class Decision:
     """One rewrite (a pass of the default pipeline) judged by the step's times.
 
     ``ratio``: median(step without it) / median(step with it), > 1 when the rewrite made the
-    step faster; ``interval``: its paired-bootstrap 95% interval; ``keep``: False only when
-    the whole interval is below 1 (measured slower with it)."""
+    step faster; ``interval``: its paired-bootstrap 95% interval; ``keep``: the rule's decision
+    (the base profile's own, unless the whole interval lies on the other side of 1)."""
 
     rewrite: str
     keep: bool
@@ -155,15 +158,18 @@ class TuneResult:
     compiles: int
 
 
-def decide(times: dict[str, list[float]], candidates) -> tuple[Decision, ...]:
+def decide(times: dict[str, list[float]], candidates, left_out_before=()) -> tuple[Decision, ...]:
     """The decisions of the rule (module docstring, step 4) from the slowest-rank times per
-    round of ``ours`` and each ``ours without <candidate>``: a pure function of its input."""
+    round of ``ours`` and each ``ours without <candidate>``; ``left_out_before``: the rewrites
+    the base profile leaves out. A pure function of its input."""
     out = []
     for name in sorted(candidates):
         cmp = wall_stats.compare(times[_WITHOUT + name], times[OURS])
-        out.append(
-            Decision(name, keep=cmp["verdict"] != "ours slower", ratio=cmp["ratio"], interval=cmp["interval"])
-        )
+        if name in left_out_before:  # back in only when the step is measured faster with it
+            keep = cmp["verdict"] == "ours faster"
+        else:  # out only when the step is measured slower with it
+            keep = cmp["verdict"] != "ours slower"
+        out.append(Decision(name, keep=keep, ratio=cmp["ratio"], interval=cmp["interval"]))
     return tuple(out)
 
 
@@ -233,7 +239,7 @@ def tune(
             for _ in range(warmup if name != OURS else 0):
                 runs.run(name)
         times = interleaved_step_times({name: functools.partial(runs.run, name) for name in variants}, rounds)
-    decisions = decide(times, candidates)
+    decisions = decide(times, candidates, base_model.slower_in_steps)
     dropped = {d.rewrite for d in decisions if not d.keep}
     unjudged = set(base_model.slower_in_steps) - set(candidates)
     model = dataclasses.replace(
@@ -398,8 +404,9 @@ def _record(result: TuneResult, base_model, backend_name, meshes, settings: dict
         "meshes": meshes,
         **settings,
         "base_profile": base_model.name,
-        "rule": "keep a rewrite unless the slowest rank's step is slower with it: median ratio "
-        "(without / with) and its paired-bootstrap 95% interval below 1",
+        "rule": "the slowest rank's step, median ratio (without / with) and its paired-bootstrap 95% "
+        "interval: a rewrite the base keeps is dropped when the interval is below 1, one the base "
+        "leaves out comes back when it is above 1; otherwise the base's decision stands",
         "steps": result.steps,
         "compiles": result.compiles,
         "seconds": round(result.seconds, 3),

@@ -60,6 +60,21 @@ def test_each_rewrite_is_judged_against_ours_with_every_rewrite_on():
     ]
 
 
+def test_a_rewrite_the_base_leaves_out_comes_back_only_when_measured_faster():
+    left_out = ["merge-reductions"]
+    (faster,) = decide(_times(0.8, merge_reductions=1.0), ["merge-reductions"], left_out)
+    assert faster.keep and faster.verdict == "ours faster"
+    (slower,) = decide(_times(1.2, merge_reductions=1.0), ["merge-reductions"], left_out)
+    assert not slower.keep
+    rng = random.Random(7)
+    same = [1.0 + 0.3 * rng.random() for _ in range(20)]
+    times = {TORCH: same, OURS: same, _WITHOUT + "merge-reductions": same[::-1]}
+    (noise,) = decide(times, ["merge-reductions"], left_out)
+    assert noise.verdict == "no change" and not noise.keep  # the base's decision stands
+    (kept,) = decide(times, ["merge-reductions"])
+    assert kept.keep  # and for a rewrite the base keeps, it stands the other way
+
+
 def test_the_decisions_are_a_function_of_the_times_alone():
     times = _times(1.1, merge_reductions=1.0)
     assert decide(times, ["merge-reductions"]) == decide(dict(reversed(times.items())), ["merge-reductions"])
