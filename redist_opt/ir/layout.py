@@ -352,8 +352,8 @@ def process_group_backend(device_mesh) -> str | None:
     ``ParallelDims`` builds its meshes with ``backend_override={dim: "fake"}`` for every
     dim of degree 1, so those dims do not count while another dim has a real backend.
     """
-    if not dist.is_initialized():
-        return None
+    if not dist.is_initialized() or not rank_in_mesh(device_mesh):
+        return None  # (a rank outside the mesh has none of its groups, and runs none of its collectives)
     by_dim = {}
     # No error is turned into None here: None means "the nccl default", so a group whose
     # backend cannot be read must fail loudly rather than quietly pick the GPU model.

@@ -194,9 +194,10 @@ def test_backend_per_device_string(monkeypatch):
         def size(self, d):
             return self.sizes[d]
 
-        def get_group(self, d):
-            return f"pg{d}"
-
+    # dim d's group is named and resolved to "pg<d>" (group names are read as funcol reads them)
+    monkeypatch.setattr(mesh_mod, "rank_in_mesh", lambda mesh: True)
+    monkeypatch.setattr(mesh_mod, "group_name", lambda mesh, d=0: f"pg{d}")
+    monkeypatch.setattr(mesh_mod, "process_group", lambda name: name)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda pg: "cpu:gloo,cuda:nccl")
     assert mesh_mod.process_group_backend(FakeMesh("cpu")) == "gloo"

@@ -182,3 +182,13 @@ def test_group_names_and_backend_are_read_without_get_group_while_compiling(monk
     assert facts[0] == (tm.dim_group_names(view)[0], dist.get_backend())
     with pytest.raises(RuntimeError, match="no process group for dim 3"):
         L.group_name(view, 3)
+
+
+def test_a_rank_outside_the_mesh_has_no_backend_to_read():
+    # rank 0 is in none of the mesh's groups: it issues none of its collectives, and there is
+    # no group whose backend it could read (a member raises rather than guess)
+    outside = DeviceMesh("cpu", torch.arange(1, 5), mesh_dim_names=("x",))
+    assert not L.rank_in_mesh(outside)
+    assert L.process_group_backend(outside) is None
+    with pytest.raises(RuntimeError, match="no process group for dim 0 on rank 0"):
+        L.group_name(outside, 0)
