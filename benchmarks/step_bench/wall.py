@@ -222,7 +222,13 @@ def _tuned_impls(blocks: list, compiler: str, run_with, cfg: M.StepConfig, tune_
         "steps": result.steps,
         "compiles": result.compiles,
         "decisions": [
-            {"rewrite": d.rewrite, "keep": d.keep, "ratio": d.ratio, "interval": list(d.interval)}
+            {
+                "rewrite": d.rewrite,
+                "keep": d.keep,
+                "ratio": d.ratio,
+                "interval": list(d.interval),
+                "reason": d.reason,
+            }
             for d in result.decisions
         ],
         "slower_in_steps": list(result.model.slower_in_steps),

@@ -135,6 +135,14 @@ class Decision:
     keep: bool
     ratio: float
     interval: tuple[float, float]
+    left_out_before: bool = False  # the base profile left it out
+
+    @property
+    def reason(self) -> str:
+        """The decision in words."""
+        if self.left_out_before:
+            return "back in (measured faster)" if self.keep else "left out, as the base (not measured faster)"
+        return "keep" if self.keep else "drop (the step is slower with it)"
 
     @property
     def verdict(self) -> str:
@@ -169,7 +177,15 @@ def decide(times: dict[str, list[float]], candidates, left_out_before=()) -> tup
             keep = cmp["verdict"] == "ours faster"
         else:  # out only when the step is measured slower with it
             keep = cmp["verdict"] != "ours slower"
-        out.append(Decision(name, keep=keep, ratio=cmp["ratio"], interval=cmp["interval"]))
+        out.append(
+            Decision(
+                name,
+                keep=keep,
+                ratio=cmp["ratio"],
+                interval=cmp["interval"],
+                left_out_before=name in left_out_before,
+            )
+        )
     return tuple(out)
 
 
@@ -416,6 +432,8 @@ def _record(result: TuneResult, base_model, backend_name, meshes, settings: dict
                 "keep": d.keep,
                 "ratio": d.ratio,
                 "interval": list(d.interval),
+                "left_out_before": d.left_out_before,
+                "reason": d.reason,
             }
             for d in result.decisions
         ],
@@ -440,10 +458,7 @@ def format_result(result: TuneResult) -> str:
         lines.append("  rewrite                                  step without/with [95% interval]   decision")
         for d in result.decisions:
             lo, hi = d.interval
-            lines.append(
-                f"  {d.rewrite:<40} {d.ratio:.3f}x [{lo:.3f}, {hi:.3f}]"
-                f"{'':<8}{'keep' if d.keep else 'drop (the step is slower with it)'}"
-            )
+            lines.append(f"  {d.rewrite:<40} {d.ratio:.3f}x [{lo:.3f}, {hi:.3f}]{'':<8}{d.reason}")
     else:
         lines.append("  no rewrite changed this step's redistributions: nothing to decide")
     lines.append("  variant                                  torch/variant [95% interval]   verdict")

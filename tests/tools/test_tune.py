@@ -71,6 +71,8 @@ def test_a_rewrite_the_base_leaves_out_comes_back_only_when_measured_faster():
     times = {TORCH: same, OURS: same, _WITHOUT + "merge-reductions": same[::-1]}
     (noise,) = decide(times, ["merge-reductions"], left_out)
     assert noise.verdict == "no change" and not noise.keep  # the base's decision stands
+    assert noise.reason == "left out, as the base (not measured faster)"
+    assert faster.reason == "back in (measured faster)"
     (kept,) = decide(times, ["merge-reductions"])
     assert kept.keep  # and for a rewrite the base keeps, it stands the other way
 
