@@ -176,7 +176,7 @@ def cmd_wall(args, configs: list) -> int:
     for res in results:
         for compiler, t in res["tuning"].items():
             decided = ", ".join(
-                f"{d['rewrite']} {d.get('reason') or ('kept' if d['keep'] else 'dropped')} ({d['ratio']:.3f}x "
+                f"{d['rewrite']} {d['reason']} ({d['ratio']:.3f}x "
                 f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}])"
                 for d in t["decisions"]
             )
