@@ -21,6 +21,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 GLOO_MEASURED = pathlib.Path(__file__).resolve().parents[1] / "redist_opt" / "ir" / "gloo_measured.py"
 _BLOCK = re.compile(r"\n# Passes whose rewrites made .*\Z", re.S)
@@ -36,24 +37,26 @@ def decision_block(run: dict, config: str, compiler: str, commit: str) -> str:
     if tuning is None:
         raise SystemExit(f"gloo_decision: {config!r} was not tuned with {compiler} (run with --tune-rounds)")
     dropped = sorted(d["rewrite"] for d in tuning["decisions"] if not d["keep"])
+    command = run.get("command", "(the wall run did not record its command)")
     lines = [
         "",
         "# Passes whose rewrites made a training step slower on gloo ranks of the development machine,",
         "# decided by the shipped tuning workflow (redist_opt.tune, docs/tune.md) inside the step bench's",
         f"# {config} step ({compiler}), not edited by hand. Regenerate with:",
-        f"#   {run.get('command', '(the wall run did not record its command)')}",
-        f"#   python -m benchmarks.gloo_decision <that run's --json file> --config {config!r}",
+        *textwrap.wrap(command, 96, initial_indent="#   ", subsequent_indent="#       "),
+        f"#   python -m benchmarks.gloo_decision <that run's --json file> --config {json.dumps(config)}",
         f"# (commit {commit}, torch {run.get('torch', '?')}; {tuning['steps']} steps and "
-        f"{tuning['compiles']} compiles in {tuning['seconds']:.0f} s). Decisions, step without / with",
-        "# the rewrite, slowest rank per step, paired-bootstrap 95% interval (dropped: below 1):",
+        f"{tuning['compiles']} compiles in {tuning['seconds']:.0f} s). Per rewrite: step without / with",
+        "# it, slowest rank per step, paired-bootstrap 95% interval, and the rule's decision",
+        "# (a measurement changes the base profile's decision only where it is confident):",
     ]
     for d in tuning["decisions"]:
         lo, hi = d["interval"]
-        verdict = "kept" if d["keep"] else "dropped"
-        lines.append(f"#   {d['rewrite']}: {d['ratio']:.3f}x [{lo:.3f}, {hi:.3f}], {verdict}")
+        reason = d.get("reason") or ("kept" if d["keep"] else "dropped")
+        lines.append(f"#   {d['rewrite']}: {d['ratio']:.3f}x [{lo:.3f}, {hi:.3f}], {reason}")
     if not tuning["decisions"]:
         lines.append("#   (no rewrite changed the step's redistributions)")
-    body = "".join(f"{name!r}, " for name in dropped).rstrip(", ")
+    body = "".join(f"{json.dumps(name)}, " for name in dropped).rstrip(", ")
     lines.append(f"SLOWER_IN_STEPS = ({body}{',' if len(dropped) == 1 else ''})")
     return "\n".join(lines) + "\n"
 

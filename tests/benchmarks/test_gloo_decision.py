@@ -40,6 +40,7 @@ def test_the_block_lists_the_dropped_rewrites_with_the_commands():
     assert "python -m benchmarks.step_bench --wall --tune-rounds 20" in block
     assert "commit abc1234, torch 2.13.0+cpu" in block
     assert "merge-reductions: 1.020x [0.990, 1.050], kept" in block
+    assert all(len(line) <= 110 for line in block.splitlines())  # ruff's line length
 
 
 def test_nothing_dropped_gives_an_empty_tuple():
