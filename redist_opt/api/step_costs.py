@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from redist_opt.ir import cost_fit
+from redist_opt.ir import layout as L
 from redist_opt.ir.cost import CostModel, load_profile, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
@@ -265,8 +266,11 @@ def _base_model(base, earlier: CostModel | None, backend: str) -> CostModel:
 
 def world_profile(backend: str) -> CostModel:
     """What a plan on the world's ranks resolves to when no ``cost=`` is given:
-    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (every rank alike)."""
-    return resolve(MeshSpec((dist.get_world_size(),), backend=backend))[0]
+    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (the default group's
+    ``get_backend``; for one that names a backend per device, the accelerator's where there
+    is one, else the CPU's)."""
+    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    return resolve(MeshSpec((dist.get_world_size(),), backend=L.backend_for_device(backend, device)))[0]
 
 
 @contextlib.contextmanager

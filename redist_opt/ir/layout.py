@@ -343,6 +343,16 @@ def rank_in_mesh(device_mesh) -> bool:
     return tm.rank_in_mesh(device_mesh)
 
 
+def backend_for_device(name: str, device_type: str) -> str:
+    """The backend a group named by ``get_backend`` runs for ``device_type``: ``name``
+    itself, or its entry for that device when it names one per device
+    (``"cpu:gloo,cuda:nccl"``, a default group torch created for both)."""
+    if ":" not in name:
+        return name
+    per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+    return per_device.get(device_type, name)
+
+
 def process_group_backend(device_mesh) -> str | None:
     """The backend name of the mesh's process groups for its device type, or None.
 
@@ -359,10 +369,7 @@ def process_group_backend(device_mesh) -> str | None:
     # backend cannot be read must fail loudly rather than quietly pick the GPU model.
     for d in range(device_mesh.ndim):
         name = str(dist.get_backend(process_group(group_name(device_mesh, d))))
-        if ":" in name:  # "cpu:gloo,cuda:nccl"
-            per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
-            name = per_device.get(device_mesh.device_type, name)
-        by_dim[d] = name
+        by_dim[d] = backend_for_device(name, device_mesh.device_type)
     # the dims that carry collectives, or every dim of a mesh of one rank
     found = {name for d, name in by_dim.items() if device_mesh.size(d) > 1} or set(by_dim.values())
     if len(found) > 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import torch.distributed as dist
 from support import step_costs_programs
 
@@ -116,3 +117,12 @@ def test_ranks_that_start_from_different_files_all_raise(tmp_path):
     CostModel.profile("nccl").save(paths[1])  # the others start from the gloo backend's profile
     results = run_ranks(step_costs_programs.differing_files, 4, (paths,), timeout=240)
     assert all("ranks [1] read another profile" in r for r in results), results
+
+
+def test_a_default_group_with_a_backend_per_device_gets_the_profile_of_this_device(monkeypatch):
+    # torchrun + init_process_group() with no backend: "cpu:gloo,cuda:nccl"
+    monkeypatch.delenv("REDIST_OPT_COST_PROFILE", raising=False)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert step_costs.world_profile("cpu:gloo,cuda:nccl").name == "gloo"
+    assert step_costs.world_profile("gloo").name == "gloo"
+    assert step_costs.world_profile("nccl").name == "nccl"
