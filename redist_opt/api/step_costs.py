@@ -64,7 +64,7 @@ from redist_opt.ir.placements import RedistributeError
 from redist_opt.torch_api import c10d
 from redist_opt.torch_api.tracing import InfraDispatchMode
 
-__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY", "world_profile"]
+__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY", "world_backend", "world_profile"]
 
 # The key of the measurements in the profile file's "calibration" record.
 IN_STEP_KEY = "in_step"
@@ -264,13 +264,22 @@ def _base_model(base, earlier: CostModel | None, backend: str) -> CostModel:
     return world_profile(backend)
 
 
+def world_backend() -> str:
+    """The default group's backend for this process's device: ``get_backend()``, or for a
+    group torch created per device (``init_process_group()`` with no backend, as under
+    torchrun: ``get_backend()`` says "undefined") its entry in ``get_backend_config()``
+    for the accelerator where there is one, else for the CPU."""
+    name = dist.get_backend()
+    if name == "undefined":
+        name = dist.get_backend_config()
+    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    return L.backend_for_device(name, device)
+
+
 def world_profile(backend: str) -> CostModel:
     """What a plan on the world's ranks resolves to when no ``cost=`` is given:
-    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (the default group's
-    ``get_backend``; for one that names a backend per device, the accelerator's where there
-    is one, else the CPU's)."""
-    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
-    return resolve(MeshSpec((dist.get_world_size(),), backend=L.backend_for_device(backend, device)))[0]
+    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (:func:`world_backend`)."""
+    return resolve(MeshSpec((dist.get_world_size(),), backend=backend))[0]
 
 
 @contextlib.contextmanager
@@ -284,7 +293,7 @@ def profile_steps(path: str | os.PathLike, *, base: CostModel | str | None = Non
     mode, which is not meant to be traced."""
     if not dist.is_initialized():
         raise RedistributeError("profile_steps: no process group: call init_process_group first")
-    backend = dist.get_backend()
+    backend = world_backend()
     if backend == "fake":
         raise RedistributeError(
             "profile_steps: the 'fake' backend moves no data, so there is no time to measure"

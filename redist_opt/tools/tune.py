@@ -94,7 +94,7 @@ import torch.distributed as dist
 from redist_opt import pipeline
 from redist_opt.api import clear_caches, enabled
 from redist_opt.api.routing import active_options
-from redist_opt.api.step_costs import world_profile
+from redist_opt.api.step_costs import world_backend, world_profile
 from redist_opt.graph.backend import backend as redist_backend
 from redist_opt.ir.cost import CostModel, load_profile
 from redist_opt.ir.placements import RedistributeError
@@ -224,7 +224,7 @@ def tune(
             "tune: called inside redist_opt.enabled(): torch's side would be routed too; call it outside "
             "(tune enters enabled() itself for ours)"
         )
-    backend_name = dist.get_backend()
+    backend_name = world_backend()
     if backend_name == "fake":
         raise RedistributeError("tune: the 'fake' backend moves no data, so there is no step time to measure")
     path = os.fspath(path)

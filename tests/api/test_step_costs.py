@@ -120,9 +120,14 @@ def test_ranks_that_start_from_different_files_all_raise(tmp_path):
 
 
 def test_a_default_group_with_a_backend_per_device_gets_the_profile_of_this_device(monkeypatch):
-    # torchrun + init_process_group() with no backend: "cpu:gloo,cuda:nccl"
+    # torchrun + init_process_group() with no backend: get_backend() says "undefined", and
+    # the group's config names one backend per device
     monkeypatch.delenv("REDIST_OPT_COST_PROFILE", raising=False)
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    assert step_costs.world_profile("cpu:gloo,cuda:nccl").name == "gloo"
-    assert step_costs.world_profile("gloo").name == "gloo"
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "undefined")
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "cpu:gloo,cuda:nccl")
+    assert step_costs.world_backend() == "gloo"
+    assert step_costs.world_profile(step_costs.world_backend()).name == "gloo"
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    assert step_costs.world_backend() == "nccl"
     assert step_costs.world_profile("nccl").name == "nccl"
