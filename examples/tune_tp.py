@@ -28,6 +28,17 @@ import functools
 import os
 import tempfile
 
+if __name__ == "__main__":
+    # One Inductor cache directory per rank, set before torch reads it: torch 2.13's AOTAutograd
+    # cache served rank 0 the graph of torch's own compile that rank 2 had saved on an earlier
+    # run on this machine, with rank 2's tensor-parallel group name baked in ("Could not resolve
+    # the process group registered under the name 4" on ranks 0 and 1). redist_opt.backend()
+    # keeps its graphs out of that cache; torch's side needs this.
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"torchinductor_tune_tp_rank{os.environ.get('RANK', '0')}"),
+    )
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -117,15 +128,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    # One Inductor cache directory per rank: torch 2.13's AOTAutograd cache served rank 0 the
-    # graph of torch's own compile that rank 2 had saved on an earlier run on this machine,
-    # with rank 2's tensor-parallel group name baked in ("Could not resolve the process group
-    # registered under the name 4" on ranks 0 and 1). redist_opt.backend() keeps its graphs out
-    # of that cache; torch's side needs this.
-    os.environ.setdefault(
-        "TORCHINDUCTOR_CACHE_DIR",
-        os.path.join(tempfile.gettempdir(), f"torchinductor_tune_tp_rank{dist.get_rank()}"),
-    )
     compiler = None if args.compiler == "eager" else args.compiler
     # torch's step; ours untuned and tuned, as tune measured them: the model compiled with
     # redist_opt.backend(...) and the whole step inside redist_opt.enabled(...)
