@@ -5,9 +5,16 @@
 # For each release in CI_TORCHES (default below; REDIST_OPT_CI_TORCHES="2.15.0" rehearses one,
 # "" none): a fresh venv, torch==X with the machine's pip constraint lifted, then
 # `pip install -e ".[test]"`, which must leave that torch as it is; `redist-opt demo` and its
-# equality line; the quick tier plus the differential suites (-m "not slow or differential");
-# then the venv is deleted (each is ~6 GB: PyPI's torch is the CUDA build, whose nvidia libraries
-# `import torch` loads even on CPU).
+# equality line; the quick tier plus the differential suites (-m "not slow or differential"),
+# with one share of two of the exhaustive differential cases (--case-share, alternating over the
+# releases in order: every case runs on 2.13.0 and on two releases of the range) and the
+# hypothesis properties' "range" profile (fewer examples, a seed per release); then the venv is
+# deleted (each is ~6 GB: PyPI's torch is the CUDA build, whose nvidia libraries `import torch`
+# loads even on CPU). docs/ci.md has the budget and the reasons.
+#
+# The releases' venvs are installed one after the other in the background (ci_range_install_start,
+# once the torch 2.13 venv has its test extras), while the torch 2.13 run tests: each release then
+# waits only for its own install, which is usually done.
 #
 # Downloads. This machine's registry answers without caching headers (no Cache-Control, ETag or
 # Last-Modified), so pip's HTTP cache never stores a wheel here: ~/.cache/pip stays empty and
@@ -230,17 +237,73 @@ ci_demo() { # VENV LOG
   fi
 }
 
-ci_range_tests() { # VENV
-  # the venv's bin first on PATH, as an activated venv (tests start `python` and `redist-opt`)
-  PATH="$1/bin:$PATH" VIRTUAL_ENV="$1" "$1/bin/python" -m pytest -q -m "not slow or differential"
+# The range's hypothesis examples (tests/runtime/test_properties.py, profile "range"): 2.13.0 runs
+# 1,000 and 5,000 ("ci").
+CI_RANGE_N_EXEC=500
+CI_RANGE_N_PLAN=1000
+
+ci_range_tests() { # VENV V SHARE
+  # the venv's bin first on PATH, as an activated venv (tests start `python` and `redist-opt`);
+  # the hypothesis seed is the release's digits (2.15.0: 2150), so a failure reproduces
+  local seed=${2//./}
+  PATH="$1/bin:$PATH" VIRTUAL_ENV="$1" HYPOTHESIS_PROFILE=range REDIST_OPT_N_EXEC=$CI_RANGE_N_EXEC \
+    REDIST_OPT_N_PLAN=$CI_RANGE_N_PLAN "$1/bin/python" -m pytest -q -m "not slow or differential" \
+    --case-share "$3" --hypothesis-seed="$seed"
 }
 
-ci_run_release() { # V
-  local v=$1 venv="$CI_WORK/venv-$1"
+# Install every release's venv, one after the other, in the background (their pip runs use one
+# core while the torch 2.13 tests use both); each writes $CI_WORK/install-V.rc (its status), .s
+# (its seconds) and .log. Started once; a no-op without releases.
+ci_range_install_start() {
+  [ -z "${CI_INSTALL_PID:-}" ] || return 0
+  [ -n "$CI_TORCHES" ] || return 0
+  (
+    for v in $CI_TORCHES; do
+      t0=$(date +%s)
+      rc=0
+      timeout --kill-after=30 "$(ci_limit 2400)" bash -c 'ci_install "$@"' _ "$v" "$CI_WORK/venv-$v" \
+        >"$CI_WORK/install-$v.log" 2>&1 || rc=$?
+      echo "$(($(date +%s) - t0))" >"$CI_WORK/install-$v.s"
+      echo "$rc" >"$CI_WORK/install-$v.rc"
+    done
+  ) &
+  CI_INSTALL_PID=$!
+  export CI_INSTALL_PID
+  echo "ci: installing the venvs of torch $CI_TORCHES in the background (pid $CI_INSTALL_PID)"
+}
+
+ci_range_install_stop() {
+  if [ -n "${CI_INSTALL_PID:-}" ] && kill -0 "$CI_INSTALL_PID" 2>/dev/null; then
+    pkill -TERM -P "$CI_INSTALL_PID" 2>/dev/null || true
+    kill "$CI_INSTALL_PID" 2>/dev/null || true
+  fi
+}
+
+# Wait for release V's background install; its status, and its log on stdout.
+ci_install_wait() { # V
+  local v=$1
+  while [ ! -f "$CI_WORK/install-$v.rc" ]; do
+    if ! kill -0 "${CI_INSTALL_PID:-0}" 2>/dev/null && [ ! -f "$CI_WORK/install-$v.rc" ]; then
+      echo "ci: [$v] the background install loop ended without installing it" >&2
+      return 1
+    fi
+    sleep 5
+  done
+  grep -v 'is ignored' "$CI_WORK/install-$v.log" || true
+  return "$(cat "$CI_WORK/install-$v.rc")"
+}
+
+ci_run_release() { # V SHARE
+  local v=$1 share=$2 venv="$CI_WORK/venv-$1"
   echo
-  echo "ci: ===== torch $v: install, demo, quick tier + differential suites ====="
+  echo "ci: ===== torch $v: install, demo, quick tier + differential suites (case share $share) ====="
   local ok=0
-  ci_step "torch $v: install" 2400 ci_install "$v" "$venv" || ok=$?
+  ci_range_install_start
+  ci_step "torch $v: install (wait for it)" 2400 ci_install_wait "$v" || ok=$?
+  if [ -f "$CI_WORK/install-$v.s" ]; then
+    ci_note "torch $v: install (background)" "$(cat "$CI_WORK/install-$v.s")" \
+      "exit $(cat "$CI_WORK/install-$v.rc") (while the runs before it tested)"
+  fi
   if [ -f "$CI_WORK/prefetch-$v.rc" ]; then
     local rc
     rc=$(cat "$CI_WORK/prefetch-$v.rc")
@@ -249,12 +312,12 @@ ci_run_release() { # V
   fi
   if [ "$ok" -eq 0 ]; then
     ci_step "torch $v: demo" 600 ci_demo "$venv" "$CI_WORK/demo-$v.log" || true
-    ci_step "torch $v: tests (not slow or differential)" 2400 ci_range_tests "$venv" || true
+    ci_step "torch $v: tests (not slow or differential)" 2400 ci_range_tests "$venv" "$v" "$share" || true
   fi
   rm -rf "$venv"
 }
 
 # Shell functions that ci_step runs (timeout starts a new bash for them) and what they read.
 export -f ci_elapsed ci_limit ci_prefetch_wait ci_install_torch ci_torch_version ci_install ci_demo \
-  ci_range_tests
-export CI_T0 CI_BUDGET_S
+  ci_range_tests ci_install_wait
+export CI_T0 CI_BUDGET_S CI_RANGE_N_EXEC CI_RANGE_N_PLAN

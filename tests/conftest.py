@@ -51,6 +51,14 @@ def _install_problem() -> str | None:
 
 
 def pytest_addoption(parser):
+    parser.addoption(
+        "--case-share",
+        metavar="K/N",
+        default=None,
+        help="keep share K (0-based) of N of the exhaustive cases (marker 'exhaustive', "
+        "support/sampling.py) and deselect the others; .ci/run gives each torch of the range but "
+        "2.13.0 one share",
+    )
     if importlib.util.find_spec("xdist") is None:
         # Accept pyproject's `-n 2 --dist loadgroup --no-loadscope-reorder` so that
         # pytest_configure can name the install command instead of argparse
@@ -93,7 +101,31 @@ def _long_first(item) -> tuple[bool, bool, bool]:
     )
 
 
+def _keep_share(config, items) -> None:
+    """Deselects the exhaustive cases outside ``--case-share K/N`` (every process, controller
+    and workers alike, selects the same items)."""
+    text = config.getoption("--case-share")
+    if text is None:
+        return
+    from support.sampling import in_share, parse_share
+
+    try:
+        share, shares = parse_share(text)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    keep, drop = [], []
+    for item in items:
+        out = item.get_closest_marker("exhaustive") is not None and not in_share(
+            item.callspec.id, share, shares
+        )
+        (drop if out else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _keep_share(config, items)
     if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the scheduler's queue
         items.sort(key=_long_first)
 

@@ -24,7 +24,9 @@
 Example counts are fixed per test (``N_EXEC``, ``N_PLAN``; 6,000 in total, at
 least 2,000 required; the environment variables REDIST_OPT_N_EXEC and
 REDIST_OPT_N_PLAN override them); the ``ci`` hypothesis profile registered
-below makes them deterministic. Both properties are ``slow``; the quick tier
+below makes them deterministic. On the other torch releases of the range .ci/run
+runs the ``range`` profile: 500 and 1,000 examples, drawn from a seed per
+release (``--hypothesis-seed``). Both properties are ``slow``; the quick tier
 runs ``*_sample`` twins with a twentieth of the examples, drawn from another
 seed. The number of examples each property ran is written to the terminal at
 the end of the run ("hypothesis examples run: ..."). Minimal failing cases the
@@ -84,8 +86,13 @@ _COMMON = {
 }
 settings.register_profile("ci", derandomize=True, **_COMMON)
 settings.register_profile("explore", derandomize=False, **_COMMON)
+# "range": what .ci/run runs on each torch of the range other than 2.13.0 (with fewer examples,
+# REDIST_OPT_N_EXEC and REDIST_OPT_N_PLAN): random generation from the seed pytest is given
+# (--hypothesis-seed, one per release), so each release draws other examples than the "ci" ones
+# 2.13.0 runs, and a failure reproduces with the release's seed.
+settings.register_profile("range", derandomize=False, **_COMMON)
 _profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-settings.load_profile(_profile if _profile in ("ci", "explore") else "ci")
+settings.load_profile(_profile if _profile in ("ci", "explore", "range") else "ci")
 
 N_EXEC = int(os.environ.get("REDIST_OPT_N_EXEC", "1000"))
 N_PLAN = int(os.environ.get("REDIST_OPT_N_PLAN", "5000"))
