@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from redist_opt.ir.c10d_backends import launch_backend
 from redist_opt.torch_api.c10d import AsyncCollectiveTensor
 
 __all__ = [
@@ -64,12 +65,11 @@ class Clock:
 
 
 def select_device(local_rank: int = 0) -> tuple[str, Clock]:
-    """(process-group backend, clock) of a launched job: NCCL on the local rank's CUDA
-    device where CUDA is present, else gloo on CPU. Only public APIs (``torch.accelerator``)."""
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    if acc is not None and acc.type == "cuda":
-        return "nccl", Clock(torch.device("cuda", local_rank))
-    return "gloo", Clock()
+    """(process-group backend, clock) of a launched job: NCCL and events on the local
+    rank's CUDA device where CUDA is this process's accelerator, else gloo and the host
+    clock (:func:`~redist_opt.ir.c10d_backends.launch_backend`)."""
+    backend = launch_backend()
+    return backend, Clock(torch.device("cuda", local_rank)) if backend == "nccl" else Clock()
 
 
 # A sample lasts about this long (seconds): long enough that the barrier's exit skew

@@ -94,8 +94,9 @@ import torch.distributed as dist
 from redist_opt import pipeline
 from redist_opt.api import clear_caches, enabled
 from redist_opt.api.routing import active_options
-from redist_opt.api.step_costs import world_backend, world_profile
+from redist_opt.api.step_costs import world_profile
 from redist_opt.graph.backend import backend as redist_backend
+from redist_opt.ir.c10d_backends import world_backend
 from redist_opt.ir.cost import CostModel, load_profile
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.text import mesh_str
