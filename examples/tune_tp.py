@@ -46,8 +46,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 
 import redist_opt
-from redist_opt.tools import wall_stats
-from redist_opt.tools.tune import interleaved_step_times
+from redist_opt.measure import interleaved_step_times, wall_stats
 
 GROUPS = "create"
 

@@ -13,7 +13,7 @@ None runs the block eagerly). Dynamo keeps the two backends' graphs apart (its
 backend-match guard); Inductor's FX graph cache and AOTAutograd's cache are turned off
 so that the two compiles can never share an artifact. Every variant first runs its
 warm-up steps (the compiles happen there); then rounds of one step per variant, in
-:func:`redist_opt.tools.wall_stats.interleaved_order`, each step after a barrier.
+:func:`redist_opt.measure.wall_stats.interleaved_order`, each step after a barrier.
 Afterwards every variant runs one step under the collective counter (the count shows
 each side ran its own graphs) and a few steps under the profiler (the communication share).
 
@@ -47,9 +47,8 @@ from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
 from benchmarks.step_bench.worker import build_training, train_step
 from redist_opt.graph_pass import GraphRewrites
+from redist_opt.measure import format_result, wall_stats
 from redist_opt.passes import DEFAULT_PIPELINE
-from redist_opt.tools import wall_stats
-from redist_opt.tools.tune import format_result
 
 COMPILERS = ("eager", "inductor", "aot_eager")
 SIDES = ("torch", "ours")

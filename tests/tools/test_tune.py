@@ -10,9 +10,10 @@ import torch.distributed as dist
 
 import redist_opt
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.measure.decisions import OURS, TORCH, decide
 from redist_opt.tools import cli
 from redist_opt.tools.args import CliError
-from redist_opt.tools.tune import OURS, TORCH, decide, load_factory
+from redist_opt.tools.tune import load_factory
 
 _WITHOUT = "ours without "
 
@@ -123,7 +124,7 @@ def test_the_factory_is_found_by_file_or_module(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("def make_step(backend):\n    return lambda: backend\n")
     assert load_factory(f"{job}:make_step")("x")() == "x"
-    assert load_factory("redist_opt.tools.tune:decide") is decide
+    assert load_factory("redist_opt.measure:decide") is decide
     for target, message in [
         ("job.py", "expected FILE.py:FUNCTION"),
         (f"{tmp_path}/missing.py:make_step", "no file"),
