@@ -36,6 +36,19 @@ def test_a_rewrite_the_step_is_slower_with_is_dropped():
     assert d.interval[1] < 1.0 and d.ratio == pytest.approx(1 / 1.2, rel=0.03)
 
 
+def test_a_decision_is_recorded_as_json_with_its_reason():
+    # the one serializer of a decision: the profile's tuning record and the step bench's JSON
+    (d,) = decide(_times(1.2, merge_reductions=1.0), ["merge-reductions"])
+    assert d.record() == {
+        "rewrite": "merge-reductions",
+        "keep": False,
+        "ratio": d.ratio,
+        "interval": list(d.interval),
+        "left_out_before": False,
+        "reason": "drop (the step is slower with it)",
+    }
+
+
 def test_a_rewrite_the_step_is_faster_with_is_kept():
     (d,) = decide(_times(0.8, merge_reductions=1.0), ["merge-reductions"])
     assert (d.keep, d.verdict) == (True, "ours faster")
