@@ -46,8 +46,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 
 import redist_opt
-from redist_opt.tools import wall_stats
-from redist_opt.tools.tune import interleaved_step_times
+from redist_opt.graph.backend import INNER_COMPILERS
+from redist_opt.measure import interleaved_step_times, wall_stats
 
 GROUPS = "create"
 
@@ -124,7 +124,7 @@ def _inside_enabled(step, cost: dict):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True, help="the profile redist-opt tune wrote")
-    parser.add_argument("--compiler", choices=("eager", "inductor", "aot_eager"), default="inductor")
+    parser.add_argument("--compiler", choices=("eager", *INNER_COMPILERS), default="inductor")
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     dist.init_process_group("gloo")

@@ -21,6 +21,7 @@ from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, parse_placement, parse_placements
 from redist_opt.ir.plan import Plan
+from redist_opt.measure import tune
 from redist_opt.runtime.execute import execute
 
 __all__ = [
@@ -45,13 +46,3 @@ __all__ = [
     "parse_placement",
     "parse_placements",
 ]
-
-
-def __getattr__(name: str):
-    # ``redist_opt.tune`` lives with the commands (it times steps and compiles variants) and
-    # loads when first used, so ``import redist_opt`` loads no command.
-    if name == "tune":
-        from redist_opt.tools.tune import tune
-
-        return tune
-    raise AttributeError(f"module 'redist_opt' has no attribute {name!r}")

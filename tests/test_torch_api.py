@@ -152,6 +152,31 @@ def test_compile_on_one_rank_is_read_where_this_torch_keeps_it_without_a_warning
     assert inductor.compile_on_one_rank_config() is config
 
 
+def test_separate_compiles_turns_the_caches_off_and_restores_them():
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+
+    before = (
+        inductor_config.fx_graph_cache,
+        inductor_config.compile_threads,
+        functorch_config.enable_autograd_cache,
+        dynamo_config.recompile_limit,
+    )
+    with inductor.separate_compiles(compile_threads=1):
+        assert (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache) == (False, False)
+        assert (inductor_config.compile_threads, dynamo_config.recompile_limit) == (1, 64)
+        assert dynamo_config.accumulated_recompile_limit >= 64 * 16
+    with inductor.separate_compiles():  # Inductor's own compile workers
+        assert inductor_config.compile_threads == before[1]
+    after = (
+        inductor_config.fx_graph_cache,
+        inductor_config.compile_threads,
+        functorch_config.enable_autograd_cache,
+        dynamo_config.recompile_limit,
+    )
+    assert after == before
+
+
 # -- patch points and dispatch modes -------------------------------------------------------------
 
 

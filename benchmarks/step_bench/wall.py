@@ -11,9 +11,10 @@ All variants share one model, optimizer and rank processes: a block runs the com
 callable of the step's variant (``nn.Module.compile`` keeps it in ``_compiled_call_impl``;
 None runs the block eagerly). Dynamo keeps the two backends' graphs apart (its
 backend-match guard); Inductor's FX graph cache and AOTAutograd's cache are turned off
-so that the two compiles can never share an artifact. Every variant first runs its
-warm-up steps (the compiles happen there); then rounds of one step per variant, in
-:func:`redist_opt.tools.wall_stats.interleaved_order`, each step after a barrier.
+(``torch_api.inductor.separate_compiles``) so that the two compiles can never share an
+artifact. Every variant first runs its warm-up steps (the compiles happen there); then
+rounds of one step per variant (:func:`redist_opt.measure.interleaved_rounds`, the loop
+``redist_opt.tune`` times its variants with), each step after a barrier.
 Afterwards every variant runs one step under the collective counter (the count shows
 each side ran its own graphs) and a few steps under the profiler (the communication share).
 
@@ -46,12 +47,13 @@ import redist_opt
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
 from benchmarks.step_bench.worker import build_training, train_step
+from redist_opt.graph.backend import INNER_COMPILERS
 from redist_opt.graph_pass import GraphRewrites
+from redist_opt.measure import format_result, interleaved_rounds, wall_stats
 from redist_opt.passes import DEFAULT_PIPELINE
-from redist_opt.tools import wall_stats
-from redist_opt.tools.tune import format_result
+from redist_opt.torch_api import inductor
 
-COMPILERS = ("eager", "inductor", "aot_eager")
+COMPILERS = ("eager", *INNER_COMPILERS)
 SIDES = ("torch", "ours")
 PROFILE_STEPS = 3
 # what the profiler names a gloo collective's work, on the thread that runs it
@@ -96,80 +98,66 @@ def run_wall(
     warnings.filterwarnings("ignore", message="DTensor random operators")
     warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op. is deprecated")
     warnings.filterwarnings("ignore", message="Torchinductor does not support code generation for complex")
-    _separate_compile_caches()
-    model, opt, dims, batches = build_training(cfg, world, steps=4)
-    blocks = list(model.layers.children())
-    impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers, ablate)}
-    out: dict = {
-        "rank": rank,
-        "stubbed": stubbed,
-        "errors": {},
-        "walls": {},
-        "collectives": {},
-        "comm": {},
-        "tuning": {},
-    }
-    step_no = 0
+    # The two sides compile the same blocks in one process: no cache may serve one side's
+    # artifact to the other (Inductor's FX graph cache keys on the graph before custom
+    # passes). Compile in this process (no worker pool per rank), with one Dynamo cache
+    # entry per block and variant.
+    with inductor.separate_compiles(compile_threads=1):
+        model, opt, dims, batches = build_training(cfg, world, steps=4)
+        blocks = list(model.layers.children())
+        impls = {name: _compiled_impls(blocks, name) for name in variant_names(compilers, ablate)}
+        out: dict = {
+            "rank": rank,
+            "stubbed": stubbed,
+            "errors": {},
+            "walls": {},
+            "collectives": {},
+            "comm": {},
+            "tuning": {},
+        }
+        step_no = 0
 
-    def run_with(block_impls: list, name: str = "") -> float:
-        nonlocal step_no
-        for block, impl in zip(blocks, block_impls, strict=True):
-            block._compiled_call_impl = impl
-        route = redist_opt.enabled() if name == "eager/ours" else contextlib.nullcontext()
-        data = batches[step_no % len(batches)]
-        step_no += 1
-        t0 = time.perf_counter()
-        with route:
-            train_step(model, opt, dims, *data)
-        return time.perf_counter() - t0
+        def run_with(block_impls: list, name: str = "") -> float:
+            nonlocal step_no
+            for block, impl in zip(blocks, block_impls, strict=True):
+                block._compiled_call_impl = impl
+            route = redist_opt.enabled() if name == "eager/ours" else contextlib.nullcontext()
+            data = batches[step_no % len(batches)]
+            step_no += 1
+            t0 = time.perf_counter()
+            with route:
+                train_step(model, opt, dims, *data)
+            return time.perf_counter() - t0
 
-    def step(name: str) -> float:
-        return run_with(impls[name], name)
+        def step(name: str) -> float:
+            return run_with(impls[name], name)
 
-    live = []
-    for name in variant_names(compilers, ablate):
-        try:
-            for _ in range(warmup):
+        live = []
+        for name in variant_names(compilers, ablate):
+            try:
+                for _ in range(warmup):
+                    step(name)
+                live.append(name)
+            except Exception as e:  # noqa: BLE001 - a compile that fails on every rank alike is a result
+                out["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        for compiler in compilers if tune_rounds > 0 else ():
+            if compiler != "eager" and {f"{compiler}/torch", f"{compiler}/ours"} <= set(live):
+                name = f"{compiler}/tuned"
+                impls[name], out["tuning"][compiler] = _tuned_impls(
+                    blocks, compiler, run_with, cfg, tune_rounds
+                )
+                for _ in range(warmup):
+                    step(name)
+                live.append(name)
+        out["order"] = wall_stats.interleaved_order(live, rounds)
+        out["walls"] = interleaved_rounds({name: functools.partial(step, name) for name in live}, rounds)
+        for name in live:
+            counter = wire.WireCounter()
+            with counter:
                 step(name)
-            live.append(name)
-        except Exception as e:  # noqa: BLE001 - a compile that fails on every rank alike is a result
-            out["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    for compiler in compilers if tune_rounds > 0 else ():
-        if compiler != "eager" and {f"{compiler}/torch", f"{compiler}/ours"} <= set(live):
-            name = f"{compiler}/tuned"
-            impls[name], out["tuning"][compiler] = _tuned_impls(blocks, compiler, run_with, cfg, tune_rounds)
-            for _ in range(warmup):
-                step(name)
-            live.append(name)
-    out["walls"] = {name: [] for name in live}
-    out["order"] = wall_stats.interleaved_order(live, rounds)
-    for order in out["order"]:
-        for name in order:
-            dist.barrier()
-            out["walls"][name].append(step(name))
-    for name in live:
-        counter = wire.WireCounter()
-        with counter:
-            step(name)
-        out["collectives"][name] = wire.summarize(counter.calls)
-        out["comm"][name] = [_profiled_share(step, name) for _ in range(PROFILE_STEPS)]
-    return out
-
-
-def _separate_compile_caches() -> None:
-    """The two sides compile the same blocks in one process: no cache may serve one side's
-    artifact to the other (Inductor's FX graph cache keys on the graph before custom passes).
-    Compile in this process (no worker pool per rank) and allow one cache entry per block
-    and variant."""
-    import torch._dynamo
-    import torch._functorch.config
-    import torch._inductor.config
-
-    torch._inductor.config.fx_graph_cache = False
-    torch._inductor.config.compile_threads = 1
-    torch._functorch.config.enable_autograd_cache = False
-    torch._dynamo.config.recompile_limit = 64
-    torch._dynamo.config.accumulated_recompile_limit = 1024
+            out["collectives"][name] = wire.summarize(counter.calls)
+            out["comm"][name] = [_profiled_share(step, name) for _ in range(PROFILE_STEPS)]
+        return out
 
 
 def _compiled_impls(blocks: list, name: str) -> list:
@@ -221,16 +209,7 @@ def _tuned_impls(blocks: list, compiler: str, run_with, cfg: M.StepConfig, tune_
         "seconds": result.seconds,
         "steps": result.steps,
         "compiles": result.compiles,
-        "decisions": [
-            {
-                "rewrite": d.rewrite,
-                "keep": d.keep,
-                "ratio": d.ratio,
-                "interval": list(d.interval),
-                "reason": d.reason,
-            }
-            for d in result.decisions
-        ],
+        "decisions": [d.record() for d in result.decisions],
         "slower_in_steps": list(result.model.slower_in_steps),
     }
     return [torch.compile(block._call_impl, backend=backend) for block in blocks], tuning

@@ -9,7 +9,7 @@ import time
 
 from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import COMPILERS, PROFILE_STEPS, run_wall
-from redist_opt.tools import wall_stats
+from redist_opt.measure import wall_stats
 
 # Where communication is a real share of the step: 4 ranks (2 per core). TP's share falls as
 # the hidden size grows (its collectives carry activations, ~dim, its matmuls cost ~dim^2);

@@ -57,14 +57,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from redist_opt.ir import cost_fit
-from redist_opt.ir import layout as L
+from redist_opt.ir.c10d_backends import world_backend
 from redist_opt.ir.cost import CostModel, load_profile, resolve
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.torch_api import c10d
 from redist_opt.torch_api.tracing import InfraDispatchMode
 
-__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY", "world_backend", "world_profile"]
+__all__ = ["profile_steps", "StepCosts", "IN_STEP_KEY", "world_profile"]
 
 # The key of the measurements in the profile file's "calibration" record.
 IN_STEP_KEY = "in_step"
@@ -264,21 +264,10 @@ def _base_model(base, earlier: CostModel | None, backend: str) -> CostModel:
     return world_profile(backend)
 
 
-def world_backend() -> str:
-    """The default group's backend for this process's device: ``get_backend()``, or for a
-    group torch created per device (``init_process_group()`` with no backend, as under
-    torchrun: ``get_backend()`` says "undefined") its entry in ``get_backend_config()``
-    for the accelerator where there is one, else for the CPU."""
-    name = dist.get_backend()
-    if name == "undefined":
-        name = dist.get_backend_config()
-    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
-    return L.backend_for_device(name, device)
-
-
 def world_profile(backend: str) -> CostModel:
     """What a plan on the world's ranks resolves to when no ``cost=`` is given:
-    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend`` (:func:`world_backend`)."""
+    ``$REDIST_OPT_COST_PROFILE``, else the profile of ``backend``
+    (:func:`~redist_opt.ir.c10d_backends.world_backend`)."""
     return resolve(MeshSpec((dist.get_world_size(),), backend=backend))[0]
 
 

@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
 from redist_opt.torch_api import mesh as tm
-from redist_opt.torch_api.c10d import process_group, process_rank
+from redist_opt.torch_api.c10d import process_rank
 
 __all__ = [
     "FlatLayout",
@@ -341,37 +341,3 @@ def flattened_count(root) -> int:
 def rank_in_mesh(device_mesh) -> bool:
     """Whether the calling rank is one of the mesh's ranks."""
     return tm.rank_in_mesh(device_mesh)
-
-
-def backend_for_device(name: str, device_type: str) -> str:
-    """The backend a group named by ``get_backend`` runs for ``device_type``: ``name``
-    itself, or its entry for that device when it names one per device
-    (``"cpu:gloo,cuda:nccl"``, a default group torch created for both)."""
-    if ":" not in name:
-        return name
-    per_device = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
-    return per_device.get(device_type, name)
-
-
-def process_group_backend(device_mesh) -> str | None:
-    """The backend name of the mesh's process groups for its device type, or None.
-
-    ``get_backend`` may name one backend per device ("cpu:gloo,cuda:nccl"); the
-    mesh's device type picks one. Dims on different backends give None. A dim of size 1
-    carries no collective, and a ``fake`` group moves no data: torchtitan's
-    ``ParallelDims`` builds its meshes with ``backend_override={dim: "fake"}`` for every
-    dim of degree 1, so those dims do not count while another dim has a real backend.
-    """
-    if not dist.is_initialized() or not rank_in_mesh(device_mesh):
-        return None  # (a rank outside the mesh has none of its groups, and runs none of its collectives)
-    by_dim = {}
-    # No error is turned into None here: None means "the nccl default", so a group whose
-    # backend cannot be read must fail loudly rather than quietly pick the GPU model.
-    for d in range(device_mesh.ndim):
-        name = str(dist.get_backend(process_group(group_name(device_mesh, d))))
-        by_dim[d] = backend_for_device(name, device_mesh.device_type)
-    # the dims that carry collectives, or every dim of a mesh of one rank
-    found = {name for d, name in by_dim.items() if device_mesh.size(d) > 1} or set(by_dim.values())
-    if len(found) > 1:
-        found.discard("fake")
-    return found.pop() if len(found) == 1 else None

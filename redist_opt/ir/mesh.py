@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
+from redist_opt.ir import c10d_backends
 from redist_opt.ir import layout as L
 from redist_opt.ir.placements import RedistributeError
 
@@ -160,7 +161,7 @@ class MeshSpec:
             torch_flattened=tuple(L.flatten_mapping_layouts(device_mesh)),
             dim_layouts=L.device_mesh_dim_layouts(device_mesh),
             index_space=L.root_index_space(device_mesh),
-            backend=L.process_group_backend(device_mesh),
+            backend=c10d_backends.process_group_backend(device_mesh),
             ranks_ascending=L.ranks_ascending(device_mesh),
             preserve_rank_order=L.preserves_rank_order(device_mesh),
         )

@@ -26,7 +26,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 import redist_opt
 from redist_opt.api.planning import plans_for
 from redist_opt.ir.cost import CostModel
-from redist_opt.tools import wall_stats
+from redist_opt.measure import wall_stats
 from redist_opt.tools.args import CliError, check_samples, cost_model, format_size, parse_size_list
 from redist_opt.tools.spawn import SpawnError, run_ranks
 from redist_opt.tools.timing import Stat, loadavg, note_load, timed_samples, wait
@@ -300,7 +300,7 @@ def format_wall(res: dict) -> str:
         "eq = every rank's result of ours equals "
         "torch's with its merge pass off, bit for bit (torch WRONG: torch's own merged result does not)\n"
         "95% interval of ours/torch: paired bootstrap over the interleaved rounds "
-        "(redist_opt.tools.wall_stats); verdict: no change while the interval contains 1"
+        "(redist_opt.measure.wall_stats); verdict: no change while the interval contains 1"
     )
     return "\n".join(lines)
 

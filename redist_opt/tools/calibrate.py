@@ -29,9 +29,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from redist_opt.ir.cost import BUILTIN_PROFILES, KINDS, CostModel
 from redist_opt.ir.cost_fit import fit_profile
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.measure.clock import Clock
 from redist_opt.tools.args import CliError, check_samples, format_size, parse_mesh, parse_size_list
 from redist_opt.tools.spawn import SpawnError, quiet_torch_logs, run_ranks
-from redist_opt.tools.timing import Clock, Stat, loadavg, note_load, select_device, timed_samples, wait
+from redist_opt.tools.timing import Stat, loadavg, note_load, select_device, timed_samples, wait
 from redist_opt.torch_api import c10d as funcol
 from redist_opt.torch_api import mesh as torch_mesh
 

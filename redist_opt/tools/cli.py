@@ -19,6 +19,7 @@ import redist_opt
 from redist_opt.api.advice import mesh_spec_of_record
 from redist_opt.api.recording import Recording
 from redist_opt.debug import dump, explain, visualize
+from redist_opt.graph.backend import INNER_COMPILERS
 from redist_opt.ir.cost import BUILTIN_PROFILES
 from redist_opt.ir.placements import RedistributeError, normalize_placements
 from redist_opt.tools.args import (
@@ -344,7 +345,7 @@ def _add_tune_arguments(p) -> None:
     p.add_argument("--out", required=True, metavar="PROFILE", help="the cost profile to write (JSON)")
     p.add_argument(
         "--compiler",
-        choices=("eager", "inductor", "aot_eager"),
+        choices=("eager", *INNER_COMPILERS),
         default="eager",
         help="eager: the step as it is, ours inside enabled(); inductor / aot_eager: torch.compile with "
         "that backend, ours with redist_opt.backend(...) (default eager)",

@@ -8,8 +8,8 @@ at small sizes) and agreed on by all ranks. A sample's time is the slowest
 rank's; a measurement is the median over samples. Its noise is the standard
 error of that median estimated from the samples' median absolute deviation.
 
-Where the time is read is a :class:`Clock` on the timed tensors' device;
-:func:`select_device` picks backend and clock for a launched job.
+Where the time is read is a :class:`~redist_opt.measure.clock.Clock` on the timed
+tensors' device; :func:`select_device` picks backend and clock for a launched job.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import dataclasses
 import math
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from redist_opt.ir.c10d_backends import launch_backend
+from redist_opt.measure.clock import Clock
 from redist_opt.torch_api.c10d import AsyncCollectiveTensor
 
 __all__ = [
@@ -32,44 +33,16 @@ __all__ = [
     "wait",
     "loadavg",
     "note_load",
-    "Clock",
     "select_device",
 ]
 
 
-class Clock:
-    """Where a block of work is timed: ``start()`` -> token, ``stop(token)`` -> seconds.
-    On CPU the host's ``perf_counter`` (every timed call waits for its result: gloo);
-    on an accelerator, events on the current stream (``torch.Event``), since the host
-    returns from a collective before the device finishes it. ``device`` is where the
-    timed tensors (and the agreement all_reduce) live."""
-
-    def __init__(self, device: torch.device | str = "cpu") -> None:
-        self.device = torch.device(device)
-
-    def start(self):
-        if self.device.type == "cpu":
-            return time.perf_counter()
-        begin = torch.Event(self.device, enable_timing=True)
-        begin.record()
-        return begin
-
-    def stop(self, token) -> float:
-        if self.device.type == "cpu":
-            return time.perf_counter() - token
-        end = torch.Event(self.device, enable_timing=True)
-        end.record()
-        end.synchronize()
-        return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
-
-
 def select_device(local_rank: int = 0) -> tuple[str, Clock]:
-    """(process-group backend, clock) of a launched job: NCCL on the local rank's CUDA
-    device where CUDA is present, else gloo on CPU. Only public APIs (``torch.accelerator``)."""
-    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    if acc is not None and acc.type == "cuda":
-        return "nccl", Clock(torch.device("cuda", local_rank))
-    return "gloo", Clock()
+    """(process-group backend, clock) of a launched job: NCCL and events on the local
+    rank's CUDA device where CUDA is this process's accelerator, else gloo and the host
+    clock (:func:`~redist_opt.ir.c10d_backends.launch_backend`)."""
+    backend = launch_backend()
+    return backend, Clock(torch.device("cuda", local_rank)) if backend == "nccl" else Clock()
 
 
 # A sample lasts about this long (seconds): long enough that the barrier's exit skew

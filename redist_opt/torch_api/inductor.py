@@ -23,8 +23,9 @@ Read in the sources of torch 2.11 to 2.15 (``_inductor/custom_graph_pass.py``,
   it in ``torch.compiler.config`` (the distributed name is then a deprecated alias
   that warns on every read). :func:`compile_on_one_rank` reads where the installed
   release keeps it.
-- The compile caches and recompile limits :func:`separate_compiles` patches
-  (``_inductor.config.fx_graph_cache``, ``_functorch.config.enable_autograd_cache``,
+- The compile caches, workers and recompile limits :func:`separate_compiles` patches
+  (``_inductor.config.fx_graph_cache`` and ``compile_threads``,
+  ``_functorch.config.enable_autograd_cache``,
   ``_dynamo.config.recompile_limit`` and ``accumulated_recompile_limit``) are the same
   names in all of them.
 - ``codecache.FxGraphCachePickler`` keys ``FakeScriptObject`` inputs (an opaque
@@ -74,6 +75,7 @@ _RS_MERGE = PrivateName(_BUCKETING, "reduce_scatter_merge_fn_to_trace")
 _AR_MERGE = PrivateName(_BUCKETING, "all_reduce_merge_fn_to_trace")
 _BUCKET = PrivateName(_BUCKETING, "process_collective_bucket")
 _FX_GRAPH_CACHE = PrivateName("torch._inductor.config", "fx_graph_cache")
+_COMPILE_THREADS = PrivateName("torch._inductor.config", "compile_threads")
 _AUTOGRAD_CACHE = PrivateName("torch._functorch.config", "enable_autograd_cache")
 _RECOMPILE_LIMIT = PrivateName("torch._dynamo.config", "recompile_limit")
 _ACCUMULATED_RECOMPILE_LIMIT = PrivateName("torch._dynamo.config", "accumulated_recompile_limit")
@@ -93,6 +95,7 @@ PRIVATE_NAMES = (
     _AR_MERGE,
     _BUCKET,
     _FX_GRAPH_CACHE,
+    _COMPILE_THREADS,
     _AUTOGRAD_CACHE,
     _RECOMPILE_LIMIT,
     _ACCUMULATED_RECOMPILE_LIMIT,
@@ -230,18 +233,28 @@ def process_collective_bucket(graph, bucket_nodes, fn_to_trace, trace_args_fn, *
 
 
 @contextlib.contextmanager
-def separate_compiles(recompile_limit: int = 64):
+def separate_compiles(recompile_limit: int = 64, *, compile_threads: int | None = None):
     """Within the block, every compile of one program is its own: Inductor's FX graph cache
     and AOTAutograd's cache are off (a later compile of the same code with other options
     is never served an earlier one's artifact, and each compile traces, so what it plans
     is seen), and Dynamo keeps up to ``recompile_limit`` compiled versions of one frame
-    (one per backend compiled in the block) instead of falling back to eager."""
-    for name in (_FX_GRAPH_CACHE, _AUTOGRAD_CACHE, _RECOMPILE_LIMIT, _ACCUMULATED_RECOMPILE_LIMIT):
+    (one per backend compiled in the block) instead of falling back to eager.
+    ``compile_threads``: Inductor's compile workers in the block (1: compile in this
+    process, no worker pool; None: Inductor's own setting)."""
+    names = (
+        _FX_GRAPH_CACHE,
+        _COMPILE_THREADS,
+        _AUTOGRAD_CACHE,
+        _RECOMPILE_LIMIT,
+        _ACCUMULATED_RECOMPILE_LIMIT,
+    )
+    for name in names:
         name.get()  # a moved name raises here, naming it, before anything is patched
     dynamo_config = private(_RECOMPILE_LIMIT.module)
     accumulated = max(recompile_limit * 16, dynamo_config.accumulated_recompile_limit)
+    threads = {} if compile_threads is None else {"compile_threads": compile_threads}
     with (
-        private(_FX_GRAPH_CACHE.module).patch(fx_graph_cache=False),
+        private(_FX_GRAPH_CACHE.module).patch(fx_graph_cache=False, **threads),
         private(_AUTOGRAD_CACHE.module).patch(enable_autograd_cache=False),
         dynamo_config.patch(recompile_limit=recompile_limit, accumulated_recompile_limit=accumulated),
     ):

@@ -185,7 +185,9 @@ def test_dumps_show_the_profile(tmp_path, monkeypatch):
 
 def test_backend_per_device_string(monkeypatch):
     # get_backend names one backend per device for mixed process groups.
-    from redist_opt.ir import layout as mesh_mod
+    from redist_opt.ir import c10d_backends
+    from redist_opt.ir import layout as L
+    from redist_opt.torch_api import mesh as tm
 
     class FakeMesh:
         def __init__(self, device_type, sizes=(2, 2)):
@@ -195,24 +197,24 @@ def test_backend_per_device_string(monkeypatch):
             return self.sizes[d]
 
     # dim d's group is named and resolved to "pg<d>" (group names are read as funcol reads them)
-    monkeypatch.setattr(mesh_mod, "rank_in_mesh", lambda mesh: True)
-    monkeypatch.setattr(mesh_mod, "group_name", lambda mesh, d=0: f"pg{d}")
-    monkeypatch.setattr(mesh_mod, "process_group", lambda name: name)
+    monkeypatch.setattr(tm, "rank_in_mesh", lambda mesh: True)
+    monkeypatch.setattr(L, "group_name", lambda mesh, d=0: f"pg{d}")
+    monkeypatch.setattr(c10d_backends, "process_group", lambda name: name)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda pg: "cpu:gloo,cuda:nccl")
-    assert mesh_mod.process_group_backend(FakeMesh("cpu")) == "gloo"
-    assert mesh_mod.process_group_backend(FakeMesh("cuda")) == "nccl"
+    assert c10d_backends.process_group_backend(FakeMesh("cpu")) == "gloo"
+    assert c10d_backends.process_group_backend(FakeMesh("cuda")) == "nccl"
     # Dims on different backends: unknown, so the default profile.
     monkeypatch.setattr(dist, "get_backend", lambda pg: {"pg0": "gloo", "pg1": "nccl"}[pg])
-    assert mesh_mod.process_group_backend(FakeMesh("cpu")) is None
+    assert c10d_backends.process_group_backend(FakeMesh("cpu")) is None
     # torchtitan's meshes: dims of degree 1 (and dims it never communicates over) are
     # "fake" groups, which move no data; the dims that do carry collectives decide.
     backends = {"pg0": "fake", "pg1": "fake", "pg2": "gloo", "pg3": "gloo"}
     monkeypatch.setattr(dist, "get_backend", lambda pg: backends[pg])
-    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "gloo"
-    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 2, 2, 2))) == "gloo"
+    assert c10d_backends.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "gloo"
+    assert c10d_backends.process_group_backend(FakeMesh("cpu", (1, 2, 2, 2))) == "gloo"
     backends.update(pg2="fake", pg3="fake")
-    assert mesh_mod.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "fake"
+    assert c10d_backends.process_group_backend(FakeMesh("cpu", (1, 1, 2, 2))) == "fake"
 
 
 def test_a_pass_the_profile_measured_slower_in_steps_is_left_out_by_default(no_env):

@@ -13,6 +13,7 @@ from support import step_costs_programs
 
 import redist_opt
 from redist_opt.api import step_costs
+from redist_opt.ir.c10d_backends import world_backend
 from redist_opt.ir.cost import CostModel
 from redist_opt.tools.spawn import run_ranks
 
@@ -126,8 +127,8 @@ def test_a_default_group_with_a_backend_per_device_gets_the_profile_of_this_devi
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "undefined")
     monkeypatch.setattr(dist, "get_backend_config", lambda group=None: "cpu:gloo,cuda:nccl")
-    assert step_costs.world_backend() == "gloo"
-    assert step_costs.world_profile(step_costs.world_backend()).name == "gloo"
+    assert world_backend() == "gloo"
+    assert step_costs.world_profile(world_backend()).name == "gloo"
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
-    assert step_costs.world_backend() == "nccl"
+    assert world_backend() == "nccl"
     assert step_costs.world_profile("nccl").name == "nccl"

@@ -1,4 +1,4 @@
-"""The wall benchmarks' statistics (redist_opt/tools/wall_stats.py, the one rule of "faster"),
+"""The wall benchmarks' statistics (redist_opt/measure/wall_stats.py, the one rule of "faster"),
 and the step bench's report of them, on given times: no timing."""
 
 import pytest
@@ -8,8 +8,8 @@ from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import ablation_arguments, union_length, variant_names
 from benchmarks.step_bench.wall_report import format_markdown, summarize
 from redist_opt.graph_pass import GraphRewrites
+from redist_opt.measure import wall_stats as stats
 from redist_opt.passes import DEFAULT_PIPELINE
-from redist_opt.tools import wall_stats as stats
 
 
 def test_rounds_alternate_the_order_so_neither_side_always_follows():

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from redist_opt.ir import c10d_backends
 from redist_opt.ir import layout as L
 from redist_opt.ir.layout_algebra import FlatLayout, collapse, row_major
 from redist_opt.ir.mesh import MeshSpec
@@ -173,11 +174,11 @@ def test_group_names_and_backend_are_read_without_get_group_while_compiling(monk
     world = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
     view = world._unflatten(0, (2, 2, 2), ("dp", "cp", "tp"))
     tm.flatten(view["cp", "tp"], "cp_tp")
-    facts = [(L.group_name(view, d), L.process_group_backend(view)) for d in range(3)]
+    facts = [(L.group_name(view, d), c10d_backends.process_group_backend(view)) for d in range(3)]
     key = _group_names(view)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     twin = copy.deepcopy(view)
-    assert [(L.group_name(twin, d), L.process_group_backend(twin)) for d in range(3)] == facts
+    assert [(L.group_name(twin, d), c10d_backends.process_group_backend(twin)) for d in range(3)] == facts
     assert _group_names(twin) == key and len(key) > 3  # the dims and the flattened meshes
     assert facts[0] == (tm.dim_group_names(view)[0], dist.get_backend())
     with pytest.raises(RuntimeError, match="no process group for dim 3"):
@@ -189,6 +190,6 @@ def test_a_rank_outside_the_mesh_has_no_backend_to_read():
     # no group whose backend it could read (a member raises rather than guess)
     outside = DeviceMesh("cpu", torch.arange(1, 5), mesh_dim_names=("x",))
     assert not L.rank_in_mesh(outside)
-    assert L.process_group_backend(outside) is None
+    assert c10d_backends.process_group_backend(outside) is None
     with pytest.raises(RuntimeError, match="no process group for dim 0 on rank 0"):
         L.group_name(outside, 0)

@@ -90,7 +90,7 @@ def tune_eager(
         "times": result.times,
         "digest": _digest(path),
         "after": _collectives_after(mesh, path),
-        "summary": redist_opt.tools.tune.format_result(result),
+        "summary": redist_opt.measure.format_result(result),
     }
 
 

@@ -10,9 +10,10 @@ import torch.distributed as dist
 
 import redist_opt
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.measure.decisions import OURS, TORCH, decide
 from redist_opt.tools import cli
 from redist_opt.tools.args import CliError
-from redist_opt.tools.tune import OURS, TORCH, decide, load_factory
+from redist_opt.tools.tune import load_factory
 
 _WITHOUT = "ours without "
 
@@ -33,6 +34,19 @@ def test_a_rewrite_the_step_is_slower_with_is_dropped():
     (d,) = decide(_times(1.2, merge_reductions=1.0), ["merge-reductions"])
     assert (d.rewrite, d.keep, d.verdict) == ("merge-reductions", False, "ours slower")
     assert d.interval[1] < 1.0 and d.ratio == pytest.approx(1 / 1.2, rel=0.03)
+
+
+def test_a_decision_is_recorded_as_json_with_its_reason():
+    # the one serializer of a decision: the profile's tuning record and the step bench's JSON
+    (d,) = decide(_times(1.2, merge_reductions=1.0), ["merge-reductions"])
+    assert d.record() == {
+        "rewrite": "merge-reductions",
+        "keep": False,
+        "ratio": d.ratio,
+        "interval": list(d.interval),
+        "left_out_before": False,
+        "reason": "drop (the step is slower with it)",
+    }
 
 
 def test_a_rewrite_the_step_is_faster_with_is_kept():
@@ -123,7 +137,7 @@ def test_the_factory_is_found_by_file_or_module(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("def make_step(backend):\n    return lambda: backend\n")
     assert load_factory(f"{job}:make_step")("x")() == "x"
-    assert load_factory("redist_opt.tools.tune:decide") is decide
+    assert load_factory("redist_opt.measure:decide") is decide
     for target, message in [
         ("job.py", "expected FILE.py:FUNCTION"),
         (f"{tmp_path}/missing.py:make_step", "no file"),

@@ -1,5 +1,6 @@
 """Whether ours is faster than torch: the one rule of every wall-clock comparison
-(``redist-opt bench --part wall`` and the step bench, ``benchmarks/step_bench``).
+(``redist_opt.tune``, ``redist-opt bench --part wall`` and the step bench,
+``benchmarks/step_bench``).
 
 The two sides run in rounds on the same ranks: every round runs each variant once,
 and consecutive rounds run them in opposite orders (:func:`interleaved_order`, ABBA
