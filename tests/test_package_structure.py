@@ -441,3 +441,21 @@ def test_a_name_is_covered_only_by_its_own_declaration():
     assert not _covered("torch.x._y._other", declared)  # a declared module does not cover its names
     assert _covered("<torch object>._c", declared)
     assert not _covered("<torch object>._d", declared)
+
+
+def test_the_wheel_lists_every_package():
+    """setuptools ships only the packages pyproject.toml lists: a package folder missing from the
+    list installs from a checkout (editable) and is absent from ``pip install .``'s wheel."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+        for path in MODULES
+        if path.name == "__init__.py"
+    }
+    assert folders == listed, (
+        f"in the tree, not listed: {sorted(folders - listed)}; listed, absent: {sorted(listed - folders)}"
+    )
