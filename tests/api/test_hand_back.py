@@ -71,7 +71,7 @@ def test_a_planner_hand_back_runs_no_store_round_and_is_cached(monkeypatch):
                     redist_opt.redistribute(dt, [R, R])
                 assert str(ours.value) == str(torch_error.value)
         run = eager.cached_runner(dt._local_tensor, dt._spec, target, redist_opt.PlanOptions())
-        assert run is not None and run.torch_call is not None
+        assert isinstance(run, tdt.TorchHandBack)
     assert reasons == ["complex partials reduced by max: c10d reduces complex numbers by sum and avg only"]
 
 
