@@ -174,7 +174,7 @@ def _first_call(
     is_explicit,
     torch_only,
 ):
-    """A routed call not found by ``cached_runner`` or ``_handed_back_before``: decide,
+    """A routed call not found in the call cache (``cached_runner``, or a hand-back): decide,
     warn, record, plan and run it."""
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
     if OBSERVERS:
