@@ -82,8 +82,9 @@ def private(module: str, name: str | None = None):
 
 
 def has_private(module: str, name: str) -> bool:
-    """Whether the installed torch has ``module.name``: for the few places that
-    pick a release's spelling of one thing (the caller names the releases)."""
+    """Whether the installed torch has ``module.name``: what the tests check each
+    declaration's release range against. (A boundary's release switch is the
+    declaration's :attr:`PrivateName.expected`, never whether the name is there.)"""
     try:
         private(module, name)
     except TorchAPIError:
