@@ -8,6 +8,11 @@ release's own function) everywhere.
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
 import types
 import warnings
 
@@ -18,13 +23,65 @@ from support.meshes import ensure_fake_pg
 from torch._inductor import config as inductor_config
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 
-from redist_opt.torch_api import c10d, dtensor, inductor, local_tensor, tracing
+from redist_opt.torch_api import c10d, dtensor, inductor, local_tensor, mesh, tracing
 from redist_opt.torch_api.version import TorchAPIError, at_least, has_private
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _fake_pg():
     ensure_fake_pg()
+
+
+# -- every private name bound at import, loudly ----------------------------------------------
+
+
+def test_each_required_private_name_removed_fails_the_import_naming_it_and_the_version():
+    """Each name the installed release should have, taken out of torch before the
+    boundary is imported (tests/support/removed_private_names.py, one process for all):
+    the import raises TorchAPIError naming it and the torch version. With
+    ``_gen_transform_infos`` gone, ``import redist_opt`` itself raises."""
+    from support.removed_private_names import WHOLE_PACKAGE
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    script = root / "tests" / "support" / "removed_private_names.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    outcomes = json.loads(run.stdout.strip().splitlines()[-1])
+    # what cannot be taken out of torch: ops (their namespace makes them again) and config entries
+    kept = [p for p, (outcome, _) in outcomes.items() if outcome == "kept"]
+    assert all(p.startswith("torch.ops.") or p.rsplit(".", 1)[0].endswith("config") for p in kept), kept
+    assert len(outcomes) - len(kept) > 50
+    wrong = {
+        path: outcome
+        for path, (outcome, message) in outcomes.items()
+        if outcome != "kept"
+        and not (
+            outcome == "TorchAPIError"
+            and path.rpartition(": ")[2] in message
+            and torch.__version__ in message
+        )
+    }
+    assert not wrong, wrong
+    for path in WHOLE_PACKAGE:
+        assert outcomes[f"import redist_opt: {path}"][0] == "TorchAPIError"
+
+
+def test_version_gates_are_their_declarations_release_ranges():
+    """A boundary's release switch is its declaration's ``since`` / ``until``, never the
+    presence of the name (tests/test_package_structure.py checks each declaration
+    against presence on the installed torch)."""
+    gates = [
+        (dtensor.ZERO_FILLS_SHARD_TO_PARTIAL, dtensor._SHARD_TO_PARTIAL),
+        (mesh.FLAT_LAYOUTS, mesh._FLAT_LAYOUT),
+        (mesh.PRESERVE_RANK_ORDER, mesh._PRESERVE_RANK_ORDER),
+        (c10d.all_gather_single.__name__ == "all_gather_single", c10d._ALL_GATHER_SINGLE),
+        (c10d.reduce_scatter_single.__name__ == "reduce_scatter_single", c10d._REDUCE_SCATTER_SINGLE),
+        (local_tensor._tensor_map is not local_tensor._tensor_map_2_11, local_tensor._TENSOR_MAP),
+    ]
+    for gate, declaration in gates:
+        assert declaration.since is not None or declaration.until is not None, declaration.path
+        assert gate == declaration.expected, declaration.path
 
 
 # -- LocalTensorMode ---------------------------------------------------------------------------

@@ -12,8 +12,9 @@ torch's own: measured on the fake backend (``benchmarks/eager_overhead.py``), th
 program takes 0.79x torch's time per cached call there, where handing the call to
 torch's function took 1.06x (torch's per-call planning plus our lookup). A call seen
 before (same specs, dtype and options) finds its program with one lookup
-(:func:`cached_runner`, what ``enabled()``'s routed function asks first). While
-tracing, a program is built for the trace and not kept.
+(:func:`cached_runner`, what ``enabled()``'s routed function asks first, in the one
+call cache: ``api.call_cache``). While tracing, a program is built for the trace and
+not kept.
 
 ``_MaskPartial`` (the vocab-parallel embedding's partial) is a sum whose rows
 outside the rank's vocab shard are zeroed first, from per-rank mask state in the
@@ -29,7 +30,7 @@ import weakref
 import torch
 from torch.distributed.tensor.placement_types import Partial
 
-from redist_opt.api import planning
+from redist_opt.api import call_cache
 from redist_opt.api.errors import warn_once
 from redist_opt.api.planning import HotPlan, fallback_reason, plans_for
 from redist_opt.api.specs import spec_of
@@ -102,43 +103,18 @@ def redistribute_local_tensor(
     return run(local_tensor, current_spec, target_spec, async_op)
 
 
-# -- cached calls -----------------------------------------------------------------------
-
-# (current spec, target spec, local dtype, options) -> _CachedCall: a call seen before
-# runs from here, one dict lookup, without planning or checks torch does not make.
-_cached_calls: dict = {}
-_CACHED_CALLS_LIMIT = 65536
-
-
-class _CachedCall:
-    __slots__ = ("mesh_ref", "root", "flattened", "local_mode", "run", "zero_fills")
-
-    def __init__(self, device_mesh, run, zero_fills: bool | None) -> None:
-        self.mesh_ref = weakref.ref(device_mesh)
-        self.root = L.root_mesh(device_mesh)
-        self.flattened = L.flattened_count(self.root)
-        self.local_mode = tdt.local_tensor_mode()
-        self.run = run
-        # whether torch's own call ran a zero-fill when this was decided (None: it cannot)
-        self.zero_fills = zero_fills
+# -- cached calls: (current spec, target spec, local dtype, options) in api.call_cache ---
 
 
 def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions):
     """How a call seen before runs (``run(local, current_spec, target_spec, async_op,
-    is_explicit=False)``), or None: not seen, the mesh's groups changed since, torch's own
-    plan for it changed whether it zero-fills (torch 2.15's graph-based planner, read from
-    torch's plan cache: see ``tdt.may_zero_fill``), or traced or under a DebugMode, which
-    the first path handles."""
-    try:
-        hit = _cached_calls.get((current_spec, target_spec, local_tensor.dtype, options))
-    except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
-        return None
-    if (
-        hit is None
-        or hit.mesh_ref() is not current_spec.mesh
-        or hit.flattened != L.flattened_count(hit.root)
-        or hit.local_mode is not tdt.local_tensor_mode()
-    ):
+    is_explicit=False)``: a rank program's runner or a ``TorchHandBack``), or None: not
+    seen, the mesh's groups changed since (``call_cache.lookup``), torch's own plan for it
+    changed whether it zero-fills (torch 2.15's graph-based planner, read from torch's plan
+    cache: see ``tdt.may_zero_fill``), or traced or under a DebugMode, which the first path
+    handles."""
+    hit = call_cache.lookup((current_spec, target_spec, local_tensor.dtype, options), current_spec.mesh)
+    if hit is None:
         return None
     if tdt.are_we_tracing() or tdt.debug_mode_active():
         return None
@@ -151,14 +127,9 @@ def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions)
 
 
 def _remember_call(current_spec, target_spec, local_tensor, options, run, zero_fills=None) -> None:
-    if len(_cached_calls) > _CACHED_CALLS_LIMIT:
-        _cached_calls.clear()
-    _cached_calls[(current_spec, target_spec, local_tensor.dtype, options)] = _CachedCall(
-        current_spec.mesh, run, zero_fills
+    call_cache.remember(
+        (current_spec, target_spec, local_tensor.dtype, options), current_spec.mesh, run, zero_fills
     )
-
-
-planning.CLEAR_HOOKS.append(_cached_calls.clear)
 
 
 def _hand_back(reason: str, local_tensor, current_spec, target_spec, options, async_op, zero_fills=None):
@@ -166,20 +137,10 @@ def _hand_back(reason: str, local_tensor, current_spec, target_spec, options, as
     planned call: the next one with the same specs, dtype and options runs torch's
     function from :func:`cached_runner`, after one lookup."""
     warn_once(("fallback", reason), f"redist_opt: using torch's redistribute: {reason}")
-    run = _hand_back_runner(current_spec.mesh)
+    run = call_cache.hand_back(current_spec.mesh)
     if not tdt.are_we_tracing():
         _remember_call(current_spec, target_spec, local_tensor, options, run, zero_fills)
     return run(local_tensor, current_spec, target_spec, async_op)
-
-
-def _hand_back_runner(device_mesh):
-    torch_call = tdt.TorchHandBack(mergeable=L.flattened_count(L.root_mesh(device_mesh)) > 0)
-
-    def run(local_tensor, current_spec, target_spec, async_op, is_explicit=False):
-        return torch_call(local_tensor, current_spec, target_spec, async_op=async_op, is_explicit=is_explicit)
-
-    run.torch_call = torch_call
-    return run
 
 
 def _runner(hot: HotPlan, current_spec):

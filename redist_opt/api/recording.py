@@ -59,6 +59,7 @@ from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api.version import TorchAPIError
 
 __all__ = ["RECORD_FORMAT", "Recording", "record", "call_site"]
 
@@ -172,6 +173,8 @@ class Recording:
     def _observe(self, local_tensor, current_spec, target_spec, torch_only) -> None:
         try:
             self._note(local_tensor, current_spec, target_spec, torch_only)
+        except TorchAPIError:  # a private torch name that moved: loud, as everywhere
+            raise
         except Exception as e:  # noqa: BLE001 - a recording must never break the step it records
             what = f"{type(e).__name__}: {e}"
             warn_once(("record", what), f"redist_opt.record: a redistribution was not recorded ({what})")

@@ -17,23 +17,22 @@ modules loaded: the bindings are kept in a registry (``runtime.bindings``) and
 only modules imported since the last block are scanned. A routed call seen
 before (same specs, dtype and options) runs from ``eager.cached_runner``: a
 program specialized to this rank. A call handed back to torch before (same specs
-and ``use_graph_based_transform``) finds that decision with one lookup and runs
-torch's function: none of our checks run again, so it costs what torch's call costs.
+and ``use_graph_based_transform``) finds that decision with one lookup in the same
+call cache (``api.call_cache``) and runs torch's function (a ``TorchHandBack``): none
+of our checks run again, so it costs what torch's call costs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 
 import torch
 from torch.distributed.tensor.placement_types import Partial
 
+from redist_opt.api import call_cache, eager
 from redist_opt.api import costs as api_costs
-from redist_opt.api import eager, planning
 from redist_opt.api.errors import as_torch_error, warn_once
-from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import bindings
@@ -141,15 +140,17 @@ def routed_redistribute_local_tensor(
             run = eager.cached_runner(local_tensor, current_spec, target_spec, options)
             if run is not None:  # a call seen before: one lookup, then torch's function or our program
                 return run(local_tensor, current_spec, target_spec, async_op, is_explicit)
-        handed_back = _handed_back_before(current_spec, target_spec, use_graph_based_transform)
+        handed_back = call_cache.lookup(
+            (current_spec, target_spec, use_graph_based_transform), current_spec.mesh
+        )
         if handed_back is not None:  # handed back before: one lookup, then torch's own call
-            return handed_back.torch_call(
+            return handed_back.run(
                 local_tensor,
                 current_spec,
                 target_spec,
-                async_op=async_op,
+                async_op,
+                is_explicit,
                 use_graph_based_transform=use_graph_based_transform,
-                is_explicit=is_explicit,
             )
     return _first_call(
         local_tensor,
@@ -173,7 +174,7 @@ def _first_call(
     is_explicit,
     torch_only,
 ):
-    """A routed call not found by ``cached_runner`` or ``_handed_back_before``: decide,
+    """A routed call not found in the call cache (``cached_runner``, or a hand-back): decide,
     warn, record, plan and run it."""
     reason = _torch_only_reason(current_spec, target_spec, use_graph_based_transform, torch_only)
     if OBSERVERS:
@@ -181,16 +182,18 @@ def _first_call(
             observer(local_tensor, current_spec, target_spec, reason)
     if reason is not None:
         warn_once(("route", reason), f"redist_opt: using torch's redistribute: {reason}")
-        hand_back = _HandBack(current_spec.mesh)
-        if not torch_only:
-            _remember_hand_back(current_spec, target_spec, use_graph_based_transform, hand_back)
-        return hand_back.torch_call(
+        hand_back = call_cache.hand_back(current_spec.mesh)
+        if not torch_only:  # decided by the specs and use_graph_based_transform alone
+            call_cache.remember(
+                (current_spec, target_spec, use_graph_based_transform), current_spec.mesh, hand_back
+            )
+        return hand_back(
             local_tensor,
             current_spec,
             target_spec,
-            async_op=async_op,
+            async_op,
+            is_explicit,
             use_graph_based_transform=use_graph_based_transform,
-            is_explicit=is_explicit,
             **torch_only,
         )
     summary = (
@@ -203,57 +206,6 @@ def _first_call(
             )
         except RedistributeError as ours:
             raise as_torch_error(ours, local_tensor, current_spec, target_spec) from None
-
-
-# -- calls handed back to torch ---------------------------------------------------------
-
-# (current spec, target spec, use_graph_based_transform, under LocalTensorMode) -> _HandBack.
-# Whether a call is handed back depends only on these (and on the mesh's flattened
-# meshes, checked per call like ``eager.cached_runner``): a call seen before reruns none
-# of the checks. Whether torch's merge pass is off for it (the uneven merge bug) depends
-# on the plan torch runs, which ``tdt.TorchHandBack`` reads from torch's plan cache at
-# each call where the mesh has a flattened mesh (torch's cache ignores
-# ``use_min_cost_redistribution_plan()``, so that plan is not a function of this key).
-_handed_back: dict = {}
-_HANDED_BACK_LIMIT = 65536
-
-
-class _HandBack:
-    __slots__ = ("mesh_ref", "root", "flattened", "torch_call")
-
-    def __init__(self, device_mesh) -> None:
-        self.mesh_ref = weakref.ref(device_mesh)
-        self.root = L.root_mesh(device_mesh)
-        self.flattened = L.flattened_count(self.root)
-        self.torch_call = tdt.TorchHandBack(mergeable=self.flattened > 0)
-
-
-def _hand_back_key(current_spec, target_spec, use_graph_based_transform):
-    return (current_spec, target_spec, use_graph_based_transform, tdt.local_tensor_mode() is not None)
-
-
-def _handed_back_before(current_spec, target_spec, use_graph_based_transform) -> _HandBack | None:
-    try:
-        hit = _handed_back.get(_hand_back_key(current_spec, target_spec, use_graph_based_transform))
-    except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
-        return None
-    if hit is None or hit.mesh_ref() is not current_spec.mesh or hit.flattened != L.flattened_count(hit.root):
-        return None
-    return hit
-
-
-def _remember_hand_back(current_spec, target_spec, use_graph_based_transform, hand_back: _HandBack) -> None:
-    try:
-        key = _hand_back_key(current_spec, target_spec, use_graph_based_transform)
-        hash(key)
-    except TypeError:
-        return
-    if len(_handed_back) > _HANDED_BACK_LIMIT:
-        _handed_back.clear()
-    _handed_back[key] = hand_back
-
-
-planning.CLEAR_HOOKS.append(_handed_back.clear)
 
 
 def _unlowered_reduce_op(current_spec, target_spec) -> str | None:

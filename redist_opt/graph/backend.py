@@ -276,15 +276,23 @@ def run_graph_pass(
 ) -> graph_pass.GraphPassResult | None:
     """The compiled-graph pass on ``gm`` under ``options``, in place; its result, or
     None if it failed.
-    If it fails, ``gm`` gets back the graph as traced and a warning is given once per
-    distinct failure: a compile that works never fails because of the pass."""
+    If it fails with one of the errors the planner and the pass raise themselves,
+    ``gm`` gets back the graph as traced and a warning is given
+    once per distinct failure: a compile that works never fails because of the pass.
+    Any other error propagates: a ``TorchAPIError`` (a private torch name that moved)
+    above all, which no compile may turn into a warning."""
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
         return graph_pass.optimize_graph(
             gm, meshes=meshes, options=options, agreement=agreement, rewrites=rewrites
         )
-    except Exception as e:  # never turn a compile that works into one that fails
+    # What the planner and the pass raise themselves: RedistributeError and IRParseError
+    # are ValueErrors, IRVerificationError an AssertionError, GroupUnavailable and
+    # AgreementError RuntimeErrors, and the IR raises plain ValueError, RuntimeError and
+    # TypeError (a symbolic size it cannot enumerate). Not TorchAPIError (an ImportError),
+    # nor the AttributeError / KeyError / NameError of a bug.
+    except (ValueError, RuntimeError, AssertionError, TypeError) as e:
         gm.graph = snapshot
         gm.recompile()
         warn_once(

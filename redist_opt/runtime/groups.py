@@ -30,6 +30,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.runtime import consensus, store_round
 from redist_opt.torch_api.tracing import outside_tracing
+from redist_opt.torch_api.version import TorchAPIError
 
 __all__ = ["resolve_group", "GroupUnavailable"]
 
@@ -70,6 +71,8 @@ def _create_agreed(device_mesh, group: MeshGroup):
             timeout = datetime.timedelta(seconds=store_round.bound_s() / 2)
         with outside_tracing():
             flat = L.create_flattened_mesh(device_mesh, layout, timeout=timeout)
+    except TorchAPIError:  # a private torch name that moved: never a group "unavailable"
+        raise
     except Exception as e:  # a backend that cannot make a new communicator
         failure = f"{type(e).__name__}: {e}"
     reason = consensus.agree_group_created(device_mesh, layout, group.dims, failure)

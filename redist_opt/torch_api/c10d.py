@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import get_process_group_ranks
 
-from redist_opt.torch_api.version import PrivateName, at_least, private
+from redist_opt.torch_api.version import PrivateName, private, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -47,6 +47,10 @@ _FUNCOL = "torch.distributed._functional_collectives"
 _C10D = "torch.distributed.distributed_c10d"
 _OPS = "torch.ops"
 
+# funcol's 2.13 names for the single-tensor gather and reduce_scatter.
+_ALL_GATHER_SINGLE = PrivateName(_FUNCOL, "all_gather_single", since=(2, 13))
+_REDUCE_SCATTER_SINGLE = PrivateName(_FUNCOL, "reduce_scatter_single", since=(2, 13))
+
 PRIVATE_NAMES = (
     PrivateName(_OPS, "_c10d_functional.all_reduce.default"),
     PrivateName(_OPS, "_c10d_functional.all_reduce_.default"),
@@ -58,8 +62,8 @@ PRIVATE_NAMES = (
     PrivateName(_FUNCOL, "AsyncCollectiveTensor"),
     PrivateName(_FUNCOL, "all_reduce"),
     PrivateName(_FUNCOL, "all_to_all_single"),
-    PrivateName(_FUNCOL, "all_gather_single", since=(2, 13)),
-    PrivateName(_FUNCOL, "reduce_scatter_single", since=(2, 13)),
+    _ALL_GATHER_SINGLE,
+    _REDUCE_SCATTER_SINGLE,
     PrivateName(_FUNCOL, "all_gather_tensor"),
     PrivateName(_FUNCOL, "reduce_scatter_tensor"),
     PrivateName(_FUNCOL, "_resolve_group_name"),
@@ -67,6 +71,7 @@ PRIVATE_NAMES = (
     PrivateName(_C10D, "_resolve_process_group"),
     PrivateName(_C10D, "_get_default_store"),
 )
+resolve_declared(PRIVATE_NAMES)
 
 # The op namespace: ``C10D.all_reduce.default`` and the like (each op used is declared above).
 C10D = private(_OPS, "_c10d_functional")
@@ -83,9 +88,9 @@ FUNCTIONAL_NAMESPACES = ("_c10d_functional", "c10d_functional")
 AsyncCollectiveTensor = private(_FUNCOL, "AsyncCollectiveTensor")
 all_reduce = private(_FUNCOL, "all_reduce")
 all_to_all_single = private(_FUNCOL, "all_to_all_single")
-if at_least(2, 13):
-    all_gather_single = private(_FUNCOL, "all_gather_single")
-    reduce_scatter_single = private(_FUNCOL, "reduce_scatter_single")
+if _ALL_GATHER_SINGLE.expected:
+    all_gather_single = _ALL_GATHER_SINGLE.get()
+    reduce_scatter_single = _REDUCE_SCATTER_SINGLE.get()
 else:  # 2.11, 2.12: the same (x, gather_dim, group) / (x, op, scatter_dim, group), older names
     all_gather_single = private(_FUNCOL, "all_gather_tensor")
     reduce_scatter_single = private(_FUNCOL, "reduce_scatter_tensor")

@@ -61,22 +61,26 @@ from redist_opt.torch_api.tracing import (
     running_autograd_node,
     traced_without_graph,
 )
-from redist_opt.torch_api.version import PrivateName, TorchAPIError, at_least, has_private, private
+from redist_opt.torch_api.version import PrivateName, TorchAPIError, at_least, private, resolve_declared
 
 _REDISTRIBUTE = "torch.distributed.tensor._redistribute"
 _SPEC = "torch.distributed.tensor._dtensor_spec"
 _COLLECTIVE_UTILS = "torch.distributed.tensor._collective_utils"
 _DISPATCH = "torch.distributed.tensor._dispatch"
 
-_torch_redistribute = private(_REDISTRIBUTE)
-_torch_collective_utils = private(_COLLECTIVE_UTILS)
 DTensorSpec = private(_SPEC, "DTensorSpec")
 TensorMeta = private(_SPEC, "TensorMeta")
 _clear_sharding_prop_cache = private("torch.distributed.tensor.debug", "_clear_sharding_prop_cache")
+# torch's planner: its plan cache (what its own call runs), the uncached planner it
+# wraps (what it runs while tracing), the lookup of a flattened mesh its merge pass
+# merges over, and the switch that turns that merge pass off.
+_gen_transform_infos = private(_REDISTRIBUTE, "_gen_transform_infos")
+_gen_transform_infos_non_cached = private(_REDISTRIBUTE, "_gen_transform_infos_non_cached")
+_get_flattened_mesh_by_layout = private(_REDISTRIBUTE, "_get_flattened_mesh_by_layout")
+_disable_merge_pass = private(_REDISTRIBUTE, "disable_redistribute_transform_optimization")
 
 __all__ = [
     "needs_torch_planner",
-    "torch_redistribute_local",
     "torch_plan_steps",
     "make_spec",
     "respec",
@@ -114,8 +118,9 @@ __all__ = [
     "is_mask_partial",
     "mask_partition",
     "apply_and_release_mask",
-    "torch_redistribute_handback",
     "hits_uneven_all_gather_merge",
+    "uneven_all_gather_merge_in",
+    "PLANNER_ERRORS",
     "TorchHandBack",
     "torch_transform_infos",
     "ZERO_FILLS_SHARD_TO_PARTIAL",
@@ -130,7 +135,7 @@ __all__ = [
 ]
 
 # torch's own function, captured before anyone patches it: our fallback and oracle.
-TORCH_REDISTRIBUTE_LOCAL = _torch_redistribute.redistribute_local_tensor
+TORCH_REDISTRIBUTE_LOCAL = private(_REDISTRIBUTE, "redistribute_local_tensor")
 
 # The modules holding ``redistribute_local_tensor`` by name (``from ... import``), per
 # release: the same four in 2.11, 2.13 and 2.15 (read in their sources). A module a
@@ -148,7 +153,7 @@ REDISTRIBUTE_LOCAL_PATCH_POINTS = tuple(p.module for p in _REDISTRIBUTE_LOCAL_SI
 
 # torch's ``redistribute_cost(current_spec, target_spec)``: modelled time of torch's
 # own plan, in microseconds (its alpha-beta helpers return ``latency_us + bw_s * 1e6``).
-TORCH_REDISTRIBUTE_COST = _torch_collective_utils.redistribute_cost
+TORCH_REDISTRIBUTE_COST = private(_COLLECTIVE_UTILS, "redistribute_cost")
 TORCH_COST_UNITS_PER_SECOND = 1e6
 
 # Where torch 2.13's sharding propagation looks ``redistribute_cost`` up by name:
@@ -165,9 +170,15 @@ REDISTRIBUTE_COST_PATCH_POINTS = tuple(p.module for p in _REDISTRIBUTE_COST_SITE
 # modules; redist_opt's tools quiet them in benchmarks).
 REDISTRIBUTE_LOGGERS = (_COLLECTIVE_UTILS, _REDISTRIBUTE)
 
+# torch 2.14's ``Shard -> Partial("sum")`` zero-fill (see ZERO_FILLS_SHARD_TO_PARTIAL).
+_SHARD_TO_PARTIAL = PrivateName(
+    "torch.distributed.tensor.placement_types", "Shard._to_partial_tensor", since=(2, 14)
+)
+
 # Every private torch name this module reaches, and the releases that have it (read
 # in the sources of torch 2.11 to 2.15; checked against the installed torch by
-# tests/test_package_structure.py).
+# tests/test_package_structure.py). Each one the installed release should have is
+# resolved here, at import.
 PRIVATE_NAMES = (
     *_REDISTRIBUTE_LOCAL_SITES,
     *_REDISTRIBUTE_COST_SITES,
@@ -184,10 +195,11 @@ PRIVATE_NAMES = (
     PrivateName(_SPEC, "DTensorSpec.is_default_device_order"),
     PrivateName(_SPEC, "TensorMeta"),
     PrivateName("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
-    PrivateName("torch.distributed.tensor.placement_types", "Shard._to_partial_tensor", since=(2, 14)),
+    _SHARD_TO_PARTIAL,
     PrivateName("torch.distributed.tensor", "DTensor._local_tensor", instance=True),
     PrivateName("torch.distributed.tensor", "DTensor._spec", instance=True),
 )
+resolve_declared(PRIVATE_NAMES)
 
 
 def patch_point_modules(names, attr: str) -> list:
@@ -341,9 +353,8 @@ def needs_torch_planner(current: DTensorSpec, target: DTensorSpec) -> str | None
 # toward a requested Partial("sum") target (an explicit-only edge); ``DTensor.redistribute``
 # accepts it for a ``Shard`` source (not ``_StridedShard``) and ``Partial("sum")`` exactly.
 # torch 2.13 and earlier refuse every transition to a Partial the DTensor does not have.
-ZERO_FILLS_SHARD_TO_PARTIAL: bool = has_private(
-    "torch.distributed.tensor.placement_types", "Shard._to_partial_tensor"
-)
+# Gated by the release the name was declared for (tests check the name is there exactly then).
+ZERO_FILLS_SHARD_TO_PARTIAL: bool = _SHARD_TO_PARTIAL.expected
 
 
 def partial_target_refusal(source, target) -> str | None:
@@ -404,18 +415,28 @@ def torch_plan_zero_fills(
     runs (:func:`torch_transform_infos`: its plan cache, which ignores
     ``use_min_cost_redistribution_plan()``, so the answer can change after
     ``_gen_transform_infos.cache_clear()``; a caller that remembers it checks it again per
-    call). True where torch's planner raises: the call goes to torch, which raises its own
-    error."""
+    call). True where torch's planner raises one of its own errors (:data:`PLANNER_ERRORS`):
+    the call goes to torch, which raises that error."""
     if not may_zero_fill(current, target):
         return False
     try:
         infos = torch_transform_infos(current, target, use_graph_based_transform)
-    except Exception:  # noqa: BLE001 - torch's own call raises this: hand it back
+    except PLANNER_ERRORS:  # torch's own call raises this: hand it back
         return True
     return any(
         isinstance(i.src_dst_placements[0], (Shard, _StridedShard)) and i.src_dst_placements[1].is_partial()
         for i in infos
     )
+
+
+# What torch's planner (``_gen_transform_infos_non_cached`` and what it calls, read in
+# 2.11, 2.13 and 2.15) raises for an input it cannot plan: AssertionError (its
+# invariants), ValueError (a spec it cannot read, ``_StridedShardNotDecodableError``),
+# RuntimeError (``NotImplementedError``, the spec's own checks), and IndexError / KeyError
+# (a shard dim past the tensor's, read as ``logical_shape[dim]``). torch's own call raises
+# the same before it runs anything; any other error (an ImportError, AttributeError or
+# TypeError: a name or signature that moved) is not the planner's and propagates.
+PLANNER_ERRORS = (AssertionError, ValueError, RuntimeError, LookupError)
 
 
 def torch_transform_infos(
@@ -431,8 +452,8 @@ def torch_transform_infos(
     ``_gen_transform_infos.cache_clear()``). Reading the entry here, at the call, gives
     what torch's call would run, whatever that order was."""
     if _funcol_are_we_tracing():  # torch plans uncached while tracing: so do we
-        return _torch_redistribute._gen_transform_infos_non_cached(current, target, use_graph_based_transform)
-    return _torch_redistribute._gen_transform_infos(current, target, use_graph_based_transform)
+        return _gen_transform_infos_non_cached(current, target, use_graph_based_transform)
+    return _gen_transform_infos(current, target, use_graph_based_transform)
 
 
 def hits_uneven_all_gather_merge(
@@ -453,12 +474,14 @@ def hits_uneven_all_gather_merge(
     rank, which is correct for all). A symbolic size (dynamic shapes) cannot be checked:
     a hit, so torch's unmerged plan runs, right for every size.
 
-    None (not False) when torch's planner raises for this call: nothing was decided.
-    torch's own call plans before it runs anything, so it raises that same error; a
-    caller hands the call to torch as it is, and torch raises its own error."""
+    None (not False) when torch's planner raises one of its own errors
+    (:data:`PLANNER_ERRORS`) for this call: nothing was decided, and an undecided check
+    never counts as "no bug": a caller turns torch's merge pass off, which is right for
+    every input (torch's own call plans before it merges anything, so it raises that same
+    error either way). Any other error (a boundary name that changed) propagates."""
     try:
         infos = torch_transform_infos(current, target, use_graph_based_transform)
-    except Exception:  # noqa: BLE001 - torch's call raises the same error: undecided, not "no bug"
+    except PLANNER_ERRORS:  # torch's call raises the same error: undecided, not "no bug"
         return None
     return uneven_all_gather_merge_in(infos, current.mesh)
 
@@ -476,7 +499,7 @@ def uneven_all_gather_merge_in(infos, mesh) -> bool:
         dims = tuple(r.mesh_dim for r in run)
         if len(run) < 2 or dims != tuple(sorted(dims, reverse=True)):
             continue
-        if _torch_redistribute._get_flattened_mesh_by_layout(mesh, tuple(sorted(dims))) is None:
+        if _get_flattened_mesh_by_layout(mesh, tuple(sorted(dims))) is None:
             continue
         n = 1
         for d in dims:
@@ -496,8 +519,9 @@ class TorchHandBack:
     that redist_opt hands back: torch's merge pass on, as torch runs it (a hand-back is
     never worse than torch), except where torch's plan for the call hits the uneven
     all_gather merge bug (:func:`hits_uneven_all_gather_merge`): then the merge pass is
-    off for the call. Nothing of redist_opt's runs that can fail: where torch's planner
-    raises, torch's own call raises that error.
+    off for the call. Where the check cannot run (torch's planner raises one of its own
+    errors for the call) the merge pass is off too, which is right for every input; torch's
+    own call then raises that error, as it would with the pass on.
 
     Built once per decided call and kept by the callers' call caches. ``mergeable``:
     whether the mesh's root has a flattened mesh (torch's merge pass merges only over
@@ -520,36 +544,38 @@ class TorchHandBack:
             return False
         try:
             plan = torch_transform_infos(current, target, use_graph_based_transform)
-        except Exception:  # noqa: BLE001 - torch's own call (merge pass as torch has it) raises this
-            return False
+        except PLANNER_ERRORS:  # undecided: off, right for every input (torch's call raises it)
+            return True
         if plan is not self.plan:  # the first call, a new cache entry, or tracing (planned afresh)
             self.merge_off = uneven_all_gather_merge_in(plan, current.mesh)
             self.plan = plan
         return self.merge_off
 
-    def __call__(self, local_tensor, current: DTensorSpec, target: DTensorSpec, **kwargs):
-        """torch's ``redistribute_local_tensor(local_tensor, current, target, **kwargs)``."""
+    def __call__(
+        self,
+        local_tensor,
+        current: DTensorSpec,
+        target: DTensorSpec,
+        async_op: bool = False,
+        is_explicit: bool = False,
+        **kwargs,
+    ):
+        """torch's ``redistribute_local_tensor(local_tensor, current, target, async_op=,
+        is_explicit=, **kwargs)``; called as a call cache's runner is (positional
+        ``async_op`` and ``is_explicit``)."""
         if self.merges_off(current, target, kwargs.get("use_graph_based_transform")):
             with reference_semantics():
-                return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, **kwargs)
-        return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, **kwargs)
-
-
-def torch_redistribute_handback(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):
-    """torch's own redistribution for a call redist_opt hands back once (not remembered:
-    :class:`TorchHandBack` is the form a call cache keeps)."""
-    return TorchHandBack(mergeable=True)(local_tensor, current, target, async_op=async_op)
+                return TORCH_REDISTRIBUTE_LOCAL(
+                    local_tensor, current, target, async_op=async_op, is_explicit=is_explicit, **kwargs
+                )
+        return TORCH_REDISTRIBUTE_LOCAL(
+            local_tensor, current, target, async_op=async_op, is_explicit=is_explicit, **kwargs
+        )
 
 
 def reference_semantics():
     """Context manager: torch's redistribute with its merge pass disabled (our oracle)."""
-    return _torch_redistribute.disable_redistribute_transform_optimization()
-
-
-def torch_redistribute_local(local_tensor, current: DTensorSpec, target: DTensorSpec, *, async_op=False):
-    """torch's own local redistribution, merge pass disabled: the reference semantics."""
-    with reference_semantics():
-        return TORCH_REDISTRIBUTE_LOCAL(local_tensor, current, target, async_op=async_op)
+    return _disable_merge_pass()
 
 
 def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
@@ -557,9 +583,7 @@ def torch_plan_steps(mesh, src, dst, shape, dtype=torch.float32):
     cross-checking ours (tests/ir/test_lower.py). The logical shape is the calling
     rank's (under LocalTensorMode: SymInts holding every simulated rank's value)."""
     meta = tensor_meta(shape, _contiguous_stride(shape), dtype)
-    infos = _torch_redistribute._gen_transform_infos_non_cached(
-        make_spec(mesh, src, meta), make_spec(mesh, dst, meta)
-    )
+    infos = _gen_transform_infos_non_cached(make_spec(mesh, src, meta), make_spec(mesh, dst, meta))
     return [(i.mesh_dim, *i.src_dst_placements, tuple(i.logical_shape)) for i in infos]
 
 

@@ -12,7 +12,7 @@ The compiler modules load lazily (``import redist_opt`` does not import them).
 
 from __future__ import annotations
 
-from redist_opt.torch_api.version import PrivateName
+from redist_opt.torch_api.version import PrivateName, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -22,9 +22,9 @@ __all__ = [
     "autograd_cache_off",
 ]
 
-_AOT_AUTOGRAD = PrivateName("torch._dynamo.backends.common", "aot_autograd")
-_BOXED_NOP = PrivateName("torch._dynamo.backends.debugging", "boxed_nop")
-_MIN_CUT = PrivateName("torch._functorch.partitioners", "min_cut_rematerialization_partition")
+_AOT_AUTOGRAD = PrivateName("torch._dynamo.backends.common", "aot_autograd", lazy=True)
+_BOXED_NOP = PrivateName("torch._dynamo.backends.debugging", "boxed_nop", lazy=True)
+_MIN_CUT = PrivateName("torch._functorch.partitioners", "min_cut_rematerialization_partition", lazy=True)
 _CONFIG = PrivateName("torch._functorch.config")
 
 PRIVATE_NAMES = (
@@ -35,6 +35,7 @@ PRIVATE_NAMES = (
     PrivateName("torch._functorch.config", "enable_autograd_cache"),
     PrivateName("torch._functorch.config", "enable_remote_autograd_cache"),
 )
+resolve_declared(PRIVATE_NAMES)
 
 
 def aot_autograd(**kwargs):

@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 
-from redist_opt.torch_api.version import PrivateName, TorchAPIError, at_least, private
+from redist_opt.torch_api.version import PrivateName, TorchAPIError, private, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -67,13 +67,13 @@ _GET_CUSTOM_GRAPH_PASSES = PrivateName(_PASS, "get_custom_graph_passes", since=(
 _INFERENCE_AWARE = PrivateName(_PASS, "CustomInferenceAwareGraphPass", since=(2, 12))
 _COMPILER_CONFIG = PrivateName("torch.compiler.config", "compile_on_one_rank", since=(2, 14))
 _DISTRIBUTED_CONFIG = PrivateName("torch.distributed.config", "compile_on_one_rank")
-_COMPILE_FX_NAME = PrivateName(_COMPILE_FX, "compile_fx")
-_COMPILE_FX_INNER = PrivateName(_COMPILE_FX, "compile_fx_inner")
-_PICKLER = PrivateName("torch._inductor.codecache", "FxGraphCachePickler")
+_COMPILE_FX_NAME = PrivateName(_COMPILE_FX, "compile_fx", lazy=True)
+_COMPILE_FX_INNER = PrivateName(_COMPILE_FX, "compile_fx_inner", lazy=True)
+_PICKLER = PrivateName("torch._inductor.codecache", "FxGraphCachePickler", lazy=True)
 _FAKE_SCRIPT_OBJECT = PrivateName("torch._library.fake_class_registry", "FakeScriptObject")
-_RS_MERGE = PrivateName(_BUCKETING, "reduce_scatter_merge_fn_to_trace")
-_AR_MERGE = PrivateName(_BUCKETING, "all_reduce_merge_fn_to_trace")
-_BUCKET = PrivateName(_BUCKETING, "process_collective_bucket")
+_RS_MERGE = PrivateName(_BUCKETING, "reduce_scatter_merge_fn_to_trace", lazy=True)
+_AR_MERGE = PrivateName(_BUCKETING, "all_reduce_merge_fn_to_trace", lazy=True)
+_BUCKET = PrivateName(_BUCKETING, "process_collective_bucket", lazy=True)
 _FX_GRAPH_CACHE = PrivateName("torch._inductor.config", "fx_graph_cache")
 _COMPILE_THREADS = PrivateName("torch._inductor.config", "compile_threads")
 _AUTOGRAD_CACHE = PrivateName("torch._functorch.config", "enable_autograd_cache")
@@ -100,6 +100,7 @@ PRIVATE_NAMES = (
     _RECOMPILE_LIMIT,
     _ACCUMULATED_RECOMPILE_LIMIT,
 )
+resolve_declared(PRIVATE_NAMES)
 
 CustomGraphPass = private(_PASS, "CustomGraphPass")
 _inductor_config = private("torch._inductor.config")
@@ -137,7 +138,7 @@ class _Chain(CustomGraphPass):
         return ("redist_opt.chain", first, self.then.uuid())
 
 
-if _INFERENCE_AWARE.expected and not at_least(2, 13):
+if _INFERENCE_AWARE.expected and not _GET_CUSTOM_GRAPH_PASSES.expected:
 
     class _InferenceAwareChain(_Chain, _INFERENCE_AWARE.get()):
         """2.12's chain when the user's pass is inference-aware: it gets ``is_inference``."""
@@ -151,7 +152,7 @@ def post_grad_passes_with(mark):
     """The value for ``post_grad_custom_post_pass`` that runs the passes the user set
     now, then ``mark`` (a ``CustomGraphPass``)."""
     user = post_grad_custom_post_pass()
-    if at_least(2, 13):
+    if _GET_CUSTOM_GRAPH_PASSES.expected:
         passes = _GET_CUSTOM_GRAPH_PASSES.get()(user)
         return [*passes, mark] if passes else mark
     if user is None:

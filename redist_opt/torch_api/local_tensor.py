@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from redist_opt.torch_api.version import PrivateName, at_least, private
+from redist_opt.torch_api.version import PrivateName, private, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -35,6 +35,9 @@ __all__ = [
 
 _LT = "torch.distributed._local_tensor"
 
+# The module-level tensor_map (2.12 on; 2.11 gets :func:`_tensor_map_2_11`).
+_TENSOR_MAP = PrivateName(_LT, "tensor_map", since=(2, 12))
+
 PRIVATE_NAMES = (
     PrivateName(_LT),
     PrivateName(_LT, "LocalTensor"),
@@ -42,8 +45,9 @@ PRIVATE_NAMES = (
     PrivateName(_LT, "LocalTensorMode.tensor_map"),
     PrivateName(_LT, "LocalIntNode._local_ints", instance=True),
     PrivateName(_LT, "enabled_local_tensor_mode"),
-    PrivateName(_LT, "tensor_map", since=(2, 12)),
+    _TENSOR_MAP,
 )
+resolve_declared(PRIVATE_NAMES)
 
 LocalTensor = private(_LT, "LocalTensor")
 LocalIntNode = private(_LT, "LocalIntNode")
@@ -64,7 +68,7 @@ def _tensor_map_2_11(tensor: torch.Tensor, cb) -> torch.Tensor:
     return out
 
 
-_tensor_map = private(_LT, "tensor_map") if at_least(2, 12) else _tensor_map_2_11
+_tensor_map = _TENSOR_MAP.get() if _TENSOR_MAP.expected else _tensor_map_2_11
 
 
 def local_tensor_mode():

@@ -58,6 +58,7 @@ from redist_opt.torch_api.version import (
     TorchAPIError,
     at_least,
     private,
+    resolve_declared,
 )
 
 __all__ = [
@@ -90,6 +91,10 @@ def _instance(name: str, **kwargs) -> PrivateName:
     return PrivateName(_MESH, f"DeviceMesh.{name}", instance=True, **kwargs)
 
 
+# The release-dependent names: 2.13's per-dim layout class, 2.15's rank-order flag.
+_FLAT_LAYOUT = PrivateName(_LAYOUT, "_FlatLayout", since=(2, 13))
+_PRESERVE_RANK_ORDER = _instance("_preserve_rank_order", since=(2, 15))
+
 PRIVATE_NAMES = (
     PrivateName(_MESH, "DeviceMesh._get_root_mesh"),
     PrivateName(_MESH, "DeviceMesh._is_current_rank_part_of_mesh"),
@@ -100,15 +105,16 @@ PRIVATE_NAMES = (
     _instance("_flatten_mapping"),
     _instance("_pg_registry"),
     _instance("_dim_group_names"),
-    _instance("_preserve_rank_order", since=(2, 15)),
+    _PRESERVE_RANK_ORDER,
     PrivateName(_LAYOUT, "_MeshLayout"),
-    PrivateName(_LAYOUT, "_FlatLayout", since=(2, 13)),
+    _FLAT_LAYOUT,
     PrivateName(_LAYOUT, "_MeshLayout.coalesce", until=(2, 12)),
     PrivateName(_LAYOUT, "_MeshLayout.nest", until=(2, 12)),
     PrivateName(_C10D, "_new_process_group_helper"),
     PrivateName(_C10D, "_world"),
     PrivateName(_C10D, "_set_pg_timeout"),
 )
+resolve_declared(PRIVATE_NAMES)
 # Private keyword arguments of DeviceMesh(...) redist_opt passes (every release read),
 # and the parameters of c10d's _new_process_group_helper it passes.
 _CONSTRUCTOR_ARGUMENTS = ("_layout", "_rank_map", "_root_mesh", "_init_backend")
@@ -165,15 +171,12 @@ _MeshLayout = private(_LAYOUT, "_MeshLayout")
 
 # Which layout classes this torch has: 2.13 to 2.15 a ``_FlatLayout`` per dim; 2.11 and
 # 2.12 the pycute-based ``_MeshLayout`` alone, with its own ``coalesce`` and ``nest``.
-FLAT_LAYOUTS: bool = at_least(2, 13)
+FLAT_LAYOUTS: bool = _FLAT_LAYOUT.expected
 if FLAT_LAYOUTS:
-    _FlatLayout = private(_LAYOUT, "_FlatLayout")
-else:
-    private(_LAYOUT, "_MeshLayout.coalesce")
-    private(_LAYOUT, "_MeshLayout.nest")
+    _FlatLayout = _FLAT_LAYOUT.get()
 
 # Whether DeviceMesh takes ``preserve_rank_order`` (2.15; no release read before it does).
-PRESERVE_RANK_ORDER: bool = at_least(2, 15)
+PRESERVE_RANK_ORDER: bool = _PRESERVE_RANK_ORDER.expected
 if PRESERVE_RANK_ORDER:
     _check_parameters(DeviceMesh.__init__, ("preserve_rank_order",), "DeviceMesh.__init__")
 

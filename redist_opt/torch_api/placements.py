@@ -14,7 +14,7 @@ Read in the sources of torch 2.11 to 2.15: every name here is in all of them.
 
 from __future__ import annotations
 
-from redist_opt.torch_api.version import PrivateName, private
+from redist_opt.torch_api.version import PrivateName, private, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -35,6 +35,7 @@ PRIVATE_NAMES = (
     PrivateName(_TYPES, "_MaskPartial"),
     PrivateName(_TYPES, "_MaskPartial._partition_value"),
 )
+resolve_declared(PRIVATE_NAMES)
 
 NormPartial = private(_MATH, "_NormPartial")
 StridedShard = private(_TYPES, "_StridedShard")

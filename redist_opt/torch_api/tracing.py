@@ -25,7 +25,7 @@ import contextlib
 import torch
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode
 
-from redist_opt.torch_api.version import PrivateName, TorchAPIError, private
+from redist_opt.torch_api.version import PrivateName, TorchAPIError, private, resolve_declared
 
 __all__ = [
     "PRIVATE_NAMES",
@@ -60,6 +60,7 @@ PRIVATE_NAMES = (
     PrivateName(_DISPATCH, "TorchDispatchMode.is_infra_mode"),
     PrivateName(_DISPATCH, "any_torch_dispatch_mode_on_stack"),
 )
+resolve_declared(PRIVATE_NAMES)
 
 LazyGraphModule = private("torch.fx._lazy_graph_module", "_LazyGraphModule")
 is_fake = private("torch._subclasses.fake_tensor", "is_fake")
@@ -71,7 +72,6 @@ _current_autograd_node = private("torch._C", "_current_autograd_node")
 _OpOverload = private("torch._ops", "OpOverload")
 _TorchDispatchMode = private(_DISPATCH, "TorchDispatchMode")
 _modes_on_stack = private(_DISPATCH, "any_torch_dispatch_mode_on_stack")
-private(_DISPATCH, "TorchDispatchMode.is_infra_mode")
 if "is_infra_mode" not in _modes_on_stack.__code__.co_names:
     raise TorchAPIError(
         f"redist_opt's timing mode relies on {_DISPATCH}.any_torch_dispatch_mode_on_stack "

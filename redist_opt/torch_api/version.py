@@ -27,6 +27,7 @@ __all__ = [
     "private",
     "has_private",
     "PrivateName",
+    "resolve_declared",
 ]
 
 TORCH_VERSION_STRING: str = torch.__version__.split("+")[0]
@@ -81,8 +82,9 @@ def private(module: str, name: str | None = None):
 
 
 def has_private(module: str, name: str) -> bool:
-    """Whether the installed torch has ``module.name``: for the few places that
-    pick a release's spelling of one thing (the caller names the releases)."""
+    """Whether the installed torch has ``module.name``: what the tests check each
+    declaration's release range against. (A boundary's release switch is the
+    declaration's :attr:`PrivateName.expected`, never whether the name is there.)"""
     try:
         private(module, name)
     except TorchAPIError:
@@ -103,7 +105,9 @@ class PrivateName:
     of ``torch.ops``). ``instance``: the last part of ``name`` is an attribute of the
     class's instances (``"DTensor._spec"``), which the class itself does not have.
     ``since`` / ``until``: the first and last release that have it (None: every
-    supported one).
+    supported one); a boundary's version gate for the name is its :attr:`expected`.
+    ``lazy``: its module is one torch loads lazily (importing it costs seconds), so it
+    is resolved at first use instead of at import (:func:`resolve_declared`).
     """
 
     module: str
@@ -111,6 +115,7 @@ class PrivateName:
     since: tuple[int, int] | None = None
     until: tuple[int, int] | None = None
     instance: bool = False
+    lazy: bool = False
 
     @property
     def path(self) -> str:
@@ -143,6 +148,20 @@ class PrivateName:
             )
         name = self.name.rsplit(".", 1)[0] if self.instance else self.name
         return private(self.module, name)
+
+
+def resolve_declared(names) -> None:
+    """Resolve, at a boundary module's import, every declaration of ``names`` the
+    installed release should have (an ``instance`` attribute: its class; a ``lazy``
+    one is left to its first use); :class:`TorchAPIError` naming the first missing
+    one and the installed torch version. (Reading a deprecated alias to see that it is
+    there is not a use of it: torch's warning for reading one is not shown.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for declaration in names:
+            if declaration.expected and not declaration.lazy:
+                declaration.get()
 
 
 def _range() -> str:

@@ -147,6 +147,20 @@ def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
         _assert_same(out2, ref)
 
 
+def test_a_moved_private_torch_name_is_never_an_unavailable_group(monkeypatch):
+    from redist_opt.torch_api.version import TorchAPIError
+
+    def moved(*a, **k):
+        raise TorchAPIError("redist_opt needs torch's private name torch.x._y")
+
+    with LocalTensorMode(8) as lm:
+        root = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2), mesh_dim_names=("x", "y", "z"))
+        dt = _partial_input(lm, root, [Partial(), Partial(), Replicate()], (6, 3))
+        monkeypatch.setattr(redist_opt.ir.layout, "create_flattened_mesh", moved)
+        with pytest.raises(TorchAPIError, match="torch.x._y"):
+            redist_opt.redistribute(dt, [Replicate()] * 3, groups="create")
+
+
 def test_bad_groups_policy():
     with pytest.raises(redist_opt.RedistributeError, match="groups='sometimes'"):
         redist_opt.optimize(

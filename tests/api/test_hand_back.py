@@ -71,7 +71,7 @@ def test_a_planner_hand_back_runs_no_store_round_and_is_cached(monkeypatch):
                     redist_opt.redistribute(dt, [R, R])
                 assert str(ours.value) == str(torch_error.value)
         run = eager.cached_runner(dt._local_tensor, dt._spec, target, redist_opt.PlanOptions())
-        assert run is not None and run.torch_call is not None
+        assert isinstance(run, tdt.TorchHandBack)
     assert reasons == ["complex partials reduced by max: c10d reduces complex numbers by sum and avg only"]
 
 
@@ -200,6 +200,8 @@ def test_where_torchs_planner_raises_torch_raises_its_own_error():
         current = DTensorSpec(mesh, (Shard(3), Partial("prod")), tensor_meta=meta)
         target = DTensorSpec(mesh, (R, R), tensor_meta=meta)
         assert tdt.hits_uneven_all_gather_merge(current, target) is None
+        # undecided is never "no bug": the merge pass is off, right for every input
+        assert tdt.TorchHandBack(mergeable=True).merges_off(current, target) is True
         local = lm.rank_map(lambda r: torch.ones(4, 4))
         with pytest.raises(Exception) as torch_error:
             tdt.TORCH_REDISTRIBUTE_LOCAL(local, current, target)
@@ -209,6 +211,29 @@ def test_where_torchs_planner_raises_torch_raises_its_own_error():
                 with pytest.raises(type(torch_error.value)) as ours:
                     torch_module.redistribute_local_tensor(local, current, target)
                 assert str(ours.value) == str(torch_error.value)
+
+
+def test_only_the_planners_own_errors_count_as_undecided(monkeypatch):
+    # An error that is not torch's planner's (a private name or signature that moved)
+    # propagates from the merge bug check, the hand-back and the zero-fill check alike.
+    ensure_fake_pg()
+
+    def moved(*args, **kwargs):
+        raise AttributeError("module 'torch.distributed.tensor._redistribute' has no attribute 'x'")
+
+    monkeypatch.setattr(tdt, "torch_transform_infos", moved)
+    with LocalTensorMode(4):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "b"))
+        meta = TensorMeta(torch.Size((4, 4)), (4, 1), torch.float32)
+        current = DTensorSpec(mesh, (Shard(0), R), tensor_meta=meta)
+        target = DTensorSpec(mesh, (Partial(), R), tensor_meta=meta)
+        with pytest.raises(AttributeError):
+            tdt.hits_uneven_all_gather_merge(current, target)
+        with pytest.raises(AttributeError):
+            tdt.TorchHandBack(mergeable=True).merges_off(current, target)
+        if tdt.ZERO_FILLS_SHARD_TO_PARTIAL:
+            with pytest.raises(AttributeError):
+                tdt.torch_plan_zero_fills(DTensorSpec(mesh, (R, Shard(0)), tensor_meta=meta), target)
 
 
 def test_a_zero_fill_torchs_graph_planner_chose_follows_torchs_plan_cache():

@@ -131,6 +131,20 @@ def test_a_failing_record_never_breaks_the_step(monkeypatch):
     assert rec.redistributions == [] and loss is not None
 
 
+def test_a_moved_private_torch_name_is_never_turned_into_a_record_warning(monkeypatch):
+    from redist_opt.torch_api.version import TorchAPIError
+
+    def moved(frame):
+        raise TorchAPIError("redist_opt needs torch's private name torch.x._y")
+
+    monkeypatch.setattr(redist_opt.api.recording, "call_site", moved)
+    with LocalTensorMode(4):
+        mesh = DeviceMesh("cpu", torch.arange(4).reshape(2, 2), mesh_dim_names=("a", "c"))
+        w1, w2, x = _params(mesh)
+        with pytest.raises(TorchAPIError, match="torch.x._y"), redist_opt.record():
+            _train_step(mesh, w1, w2, x)
+
+
 def test_load_refuses_other_formats(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"format": "something/1"}))

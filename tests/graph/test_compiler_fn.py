@@ -173,6 +173,23 @@ def test_failed_pass_restores_graph_and_warns_once(mesh24, monkeypatch):
         assert rewritten.code == traced.code
 
 
+@pytest.mark.parametrize("error", ["TorchAPIError", "AttributeError"])
+def test_a_pass_error_not_the_planners_own_propagates(mesh24, monkeypatch, error):
+    # Only the errors the planner and the pass raise themselves are compiled around; a
+    # private torch name that moved (TorchAPIError) or a bug is never a one-time warning.
+    from redist_opt.torch_api.version import TorchAPIError
+
+    kind = TorchAPIError if error == "TorchAPIError" else AttributeError
+
+    def broken(*args, **kwargs):
+        raise kind("redist_opt needs torch's private name torch.x._y")
+
+    monkeypatch.setattr(graph_pass_module, "optimize_graph", broken)
+    fw = Captured(compiler_fn(meshes=mesh24))
+    with pytest.raises(kind, match="torch.x._y"):
+        aot_function(replicate_then_shard(mesh24), fw_compiler=fw)(torch.ones(8, 4))
+
+
 def test_bad_arguments(mesh24):
     with pytest.raises(ValueError, match="inner='jit'"):
         compiler_fn(inner="jit")
