@@ -26,8 +26,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import redist_opt
 from redist_opt.api.specs import live_meshes
 from redist_opt.graph import mesh_groups
-from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.ir.layout import mesh_meaning, root_group_names
 from redist_opt.torch_api import c10d  # all_gather_single on every torch (funcol has it from 2.13)
 
