@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch.fx as fx
 
-from redist_opt.api import enabled, live_meshes, recording_meshes, warn_once
+from redist_opt.api import enabled, recording_meshes, warn_once
 from redist_opt.debug.dump import dump_dir_from_env
 from redist_opt.debug.graph_dump import write_compile_dump
 from redist_opt.graph import optimize
@@ -46,6 +46,7 @@ from redist_opt.graph.results import GraphPassResult
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.runtime.mesh_facts import live_meshes
 from redist_opt.torch_api import functorch, inductor
 from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
 from redist_opt.torch_api.tracing import op_name

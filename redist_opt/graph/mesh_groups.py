@@ -9,10 +9,10 @@ rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
 (torchtitan), matched through their layouts in the root's index space
 (:mod:`redist_opt.ir.layout`). What the search needs of each mesh (its root, the
 root dims it spans, its layouts key, its MeshSpec) is read once per mesh
-(:func:`redist_opt.api.specs.mesh_facts`, cached per mesh, shared with the eager
-path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`, and the full
-views a given view needs among those the last scan found
-(:func:`redist_opt.api.specs.scanned_full_views`).
+(:func:`redist_opt.runtime.mesh_facts.mesh_facts`, cached per mesh, shared with the
+eager path); live meshes are found by :func:`redist_opt.runtime.mesh_facts.live_meshes`,
+and the full views a given view needs among those the last scan found
+(:func:`redist_opt.runtime.mesh_facts.scanned_full_views`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.runtime.mesh_facts import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.torch_api.c10d import process_group_ranks
 
 __all__ = ["MeshContext", "mesh_contexts", "resolve_group_name"]
