@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
-from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.mesh_groups import GivenMeshes, mesh_contexts
 from redist_opt.graph.optimize import check_allow_list
 from redist_opt.ir.options import PlanOptions
 
@@ -54,7 +54,10 @@ def compiler_fn(
     """
     options = PlanOptions.of(options, **fields)
     check_inner(inner, allow_none=True)
-    if meshes is not None:  # an allow-list is refused here, not at the first graph
+    if meshes is not None:
+        # Their contexts are built here, once, and handed to the pass of every graph; an
+        # allow-list is refused here, not at the first graph.
+        meshes = GivenMeshes(meshes)
         check_allow_list(options, [c.spec for c in mesh_contexts(meshes)])
     return GraphPassCompiler(meshes, inner, options)
 
@@ -65,7 +68,7 @@ class GraphPassCompiler:
     of each, in order (None for a graph whose pass failed and was compiled as traced):
     what was rewritten, and why the rest was kept."""
 
-    def __init__(self, meshes, inner, options: PlanOptions) -> None:
+    def __init__(self, meshes: GivenMeshes | None, inner, options: PlanOptions) -> None:
         self.meshes, self.inner, self.options = meshes, inner, options
         self.graphs = 0
         self.results: list = []

@@ -75,7 +75,7 @@ from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.torch_api.tracing import unset_fake_temporarily
 
-__all__ = ["optimize_graph", "optimize_graph_in", "GraphRewrites", "check_allow_list"]
+__all__ = ["optimize_graph", "GraphRewrites", "check_allow_list"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +103,8 @@ def optimize_graph(
     reassociation and collective combining.
 
     ``meshes``: DeviceMeshes (or one) whose root meshes groups are matched
-    against; None finds every live root mesh this rank belongs to, and a group name
+    against (or a :class:`~redist_opt.graph.mesh_groups.GivenMeshes`, ``compiler_fn``'s:
+    their contexts, built once); None finds every live root mesh this rank belongs to, and a group name
     resolves to the first root whose dims give its ranks (most dims first, then most
     flattened groups): exact either way, but pass the program's meshes to be sure
     the root with its flattened groups is used (``redist_opt.backend`` passes the
@@ -131,7 +132,7 @@ def optimize_graph(
     with unset_fake_temporarily():
         contexts = mesh_contexts(meshes)
         check_allow_list(options, [c.spec for c in contexts])
-        return optimize_graph_in(gm, contexts, options, agreement, rewrites)
+        return _optimize_over(gm, contexts, options, agreement, rewrites)
 
 
 def check_allow_list(options: PlanOptions, specs) -> None:
@@ -150,12 +151,10 @@ def check_allow_list(options: PlanOptions, specs) -> None:
             raise RedistributeError(f"groups={list(options.groups)!r}: {errors[0]}")
 
 
-def optimize_graph_in(
+def _optimize_over(
     gm, contexts: list[MeshContext], options: PlanOptions, agreement: SliceAgreement, rewrites: GraphRewrites
 ) -> GraphPassResult:
-    """:func:`optimize_graph` over ``contexts``, the meshes' contexts built by the caller
-    (:func:`~redist_opt.graph.mesh_groups.mesh_contexts`, with the fake mode off), whose
-    ``options`` are already checked against them."""
+    """:func:`optimize_graph` over the meshes' ``contexts``, ``options`` checked against them."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     dump = GraphPassDump.from_env()
     if dump is not None:

@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import redist_opt
 from redist_opt.graph import mesh_groups
-from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.mesh_groups import GivenMeshes, mesh_contexts
 from redist_opt.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.ir.layout import mesh_meaning, root_group_names
 from redist_opt.runtime.mesh_facts import live_meshes
@@ -286,6 +286,20 @@ def test_a_mesh_counts_in_a_cache_key_by_what_it_is(mesh3):
     copy = DeviceMesh.__new__(DeviceMesh)
     copy.__setstate__({**mesh3.__getstate__(), "_hash": 1, "_thread_id": 2})
     assert mesh_meaning(copy) == mesh_meaning(mesh3)
+
+
+def test_given_meshes_hand_down_their_contexts_until_a_root_gains_a_flattened_mesh():
+    # compiler_fn builds its meshes' contexts once, for every graph it compiles, and builds
+    # them again when they would differ: a root that gained a flattened mesh (the group
+    # groups="create" makes while compiling a graph, or one the program flattens).
+    mesh = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("p", "q", "r"))
+    given = GivenMeshes(mesh)
+    first = mesh_contexts(given)
+    assert mesh_contexts(given) is first
+    mesh["p", "r"]._flatten()
+    again = mesh_contexts(given)
+    assert again is not first and mesh_contexts(given) is again
+    assert [c.spec for c in again] == [c.spec for c in mesh_contexts(mesh)] != [c.spec for c in first]
 
 
 def test_views_of_given_meshes_come_from_the_last_scan_until_one_is_missing(monkeypatch):
