@@ -156,13 +156,13 @@ def _after(c: Collective):
     return lambda x: c.after(EAGER, x)
 
 
-def _issue_step(issue, group_name: str, pending: bool):
+def _issue_step(issue, group: str, pending: bool):
     # ``pending``: the result is left in flight (an AsyncCollectiveTensor, as funcol returns
     # outside tracing); otherwise it is waited now (what follows needs its data, or a trace).
     def step(x):
         if type(x) is _ASYNC:
             x = x.wait()
-        issued = issue(EAGER, x, group_name)
+        issued = issue(EAGER, x, group)
         return _ASYNC(issued) if pending else _wait(issued)
 
     return step
