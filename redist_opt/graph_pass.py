@@ -6,13 +6,9 @@ The pass lives in ``redist_opt.graph``; this module keeps its public name.
 """
 
 from redist_opt.graph.compiler import compiler_fn
-from redist_opt.graph.graph_pass import (
-    GraphPassResult,
-    GraphRewrites,
-    RedistGraphPass,
-    count_collectives,
-    optimize_graph,
-)
+from redist_opt.graph.inductor_pass import RedistGraphPass
+from redist_opt.graph.optimize import GraphRewrites, optimize_graph
+from redist_opt.graph.results import GraphPassResult, count_collectives
 
 __all__ = [
     "optimize_graph",

@@ -31,8 +31,8 @@ PHASES = (
     ("torch._inductor.graph.GraphLowering", "codegen"),
     ("redist_opt.api.routing", "routed_redistribute_local_tensor"),
     ("redist_opt.graph.backend", "run_graph_pass"),
-    ("redist_opt.graph.graph_pass", "mesh_contexts"),
-    ("redist_opt.graph.graph_pass", "combine_collectives"),
+    ("redist_opt.graph.optimize", "mesh_contexts"),
+    ("redist_opt.graph.optimize", "combine_collectives"),
 )
 
 

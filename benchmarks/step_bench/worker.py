@@ -19,7 +19,7 @@ import torch
 import redist_opt
 from benchmarks.step_bench import model as M
 from benchmarks.step_bench import wire
-from redist_opt.graph import graph_pass
+from redist_opt.graph import optimize
 
 MODES = (
     "plain",
@@ -182,7 +182,7 @@ def _local_value(loss) -> float:
 @contextlib.contextmanager
 def _capture_graph_pass(results: list):
     """Record what the compiled-graph pass did to each graph it saw."""
-    original = graph_pass.optimize_graph
+    original = optimize.optimize_graph
 
     def recorded(gm, *args, **kwargs):
         r = original(gm, *args, **kwargs)
@@ -199,8 +199,8 @@ def _capture_graph_pass(results: list):
         )
         return r
 
-    graph_pass.optimize_graph = recorded
+    optimize.optimize_graph = recorded
     try:
         yield
     finally:
-        graph_pass.optimize_graph = original
+        optimize.optimize_graph = original

@@ -17,7 +17,7 @@ from redist_opt.api.planning import clear_caches, optimize, plan
 from redist_opt.api.public import redistribute
 from redist_opt.api.recording import Recording, record
 from redist_opt.api.routing import enabled
-from redist_opt.api.specs import live_meshes, mesh_facts, recording_meshes, spec_of
+from redist_opt.api.specs import recording_meshes, spec_of
 from redist_opt.api.step_costs import StepCosts, profile_steps
 
 __all__ = [
@@ -34,8 +34,6 @@ __all__ = [
     "StepCosts",
     # for the graph layer
     "warn_once",
-    "live_meshes",
-    "mesh_facts",
     "recording_meshes",
     "spec_of",
 ]

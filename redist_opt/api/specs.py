@@ -1,63 +1,21 @@
-"""What redist_opt needs of a live DeviceMesh, computed once per mesh and cached; the
-live meshes of the process; a record of the meshes planned on.
+"""The MeshSpec the API plans on, and a record of the meshes planned on.
 
-``mesh_facts`` (and ``spec_of``, its MeshSpec) is on the eager hot path: one dict
-lookup per call after the first; the compiled-graph pass reads the same facts.
-``live_meshes`` is the one way to find the meshes of the process; ``scanned_full_views``
-keeps the full views its last scan found, so that a compile of many graphs scans once.
-``recording_meshes`` lets ``redist_opt.backend`` see the meshes one trace planned on.
+``spec_of`` is on the eager hot path: one dict lookup per call after the first, in the
+per-mesh cache of :mod:`redist_opt.runtime.mesh_facts` (which the compiled-graph pass
+reads too). ``recording_meshes`` lets ``redist_opt.backend`` see the meshes one trace
+planned on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import gc
-import weakref
-
-from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.runtime.mesh_facts import clear_mesh_facts, mesh_facts
 
-__all__ = [
-    "MeshFacts",
-    "mesh_facts",
-    "spec_of",
-    "as_spec",
-    "live_meshes",
-    "scanned_full_views",
-    "recording_meshes",
-    "clear_spec_cache",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshFacts:
-    """One DeviceMesh as planning, routing and the graph pass read it."""
-
-    root: object  # the root DeviceMesh
-    spec: MeshSpec
-    # sorted dims of the root this mesh's dims span, or None (a view not made of root dims)
-    root_dims: tuple[int, ...] | None
-    full_view: bool  # the root, or an _unflatten view of all of it
-    view_key: tuple  # equal for objects standing for the same mesh
-    flattened: int  # flattened meshes its root holds
-
-
-# id(mesh) -> (weakref to the mesh, stamp, MeshFacts). Keyed by identity, not by
-# DeviceMesh equality: two equal meshes can have different roots and so
-# different flattened groups.
-_spec_cache: dict[int, tuple] = {}
-
-
-def _forget_spec(key: int, dead_ref) -> None:
-    # Only if the entry is still the dead mesh's: its id may belong to a new mesh now.
-    cache = _spec_cache
-    if cache is not None and cache.get(key, (None,))[0] is dead_ref:  # None: interpreter shutdown
-        del cache[key]
-
+__all__ = ["spec_of", "as_spec", "recording_meshes", "clear_spec_cache"]
 
 # Open recorders of the meshes planned on (redist_opt.backend: the meshes of one trace).
 _mesh_recorders: list[dict] = []
@@ -74,72 +32,12 @@ def recording_meshes():
         _mesh_recorders.remove(used)
 
 
-def mesh_facts(device_mesh) -> MeshFacts:
-    """What redist_opt needs of ``device_mesh``, computed once per mesh (again when its
-    root gains a flattened mesh). Raises ReferenceError for a view whose root is gone."""
-    stamp = L.communicators_stamp(device_mesh)
-    hit = _spec_cache.get(id(device_mesh))
-    if hit is None or hit[0]() is not device_mesh or hit[1] != stamp:
-        key = id(device_mesh)
-        ref = weakref.ref(device_mesh, lambda r, key=key: _forget_spec(key, r))
-        hit = (ref, stamp, _read_facts(device_mesh))
-        _spec_cache[key] = hit
-    return hit[2]
-
-
-def _read_facts(m) -> MeshFacts:
-    # Rank-free: no coordinate (under LocalTensorMode it stands for every rank at once).
-    return MeshFacts(
-        root=L.root_mesh(m),
-        spec=MeshSpec.from_device_mesh(m),
-        root_dims=L.root_dims_spanned(m),
-        full_view=L.is_full_view(m),
-        view_key=L.view_key(m),
-        flattened=len(L.flattened_meshes(m)),
-    )
-
-
 def spec_of(device_mesh) -> MeshSpec:
     """``MeshSpec.from_device_mesh``, cached per mesh until its root gains a flattened
     mesh; the mesh is recorded as planned on (:func:`recording_meshes`)."""
     for used in _mesh_recorders:
         used[id(device_mesh)] = device_mesh
     return mesh_facts(device_mesh).spec
-
-
-def live_meshes() -> list:
-    """Every live DeviceMesh of this process (a scan of the garbage collector's objects:
-    meshes the program built, whether redist_opt planned on them or not)."""
-    # By type(o), not isinstance: isinstance falls back to reading o.__class__, which
-    # runs code on proxies and lazily loaded objects; after a compile the process
-    # holds hundreds of thousands of them and the scan took about a second per graph.
-    return [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
-
-
-# The full views (roots, and _unflatten views of a whole root) that the last scan found,
-# by id, held weakly. A scan reads every object of the process (0.2-0.3 s after a compile
-# on the 2-core machine) and a job compiles two graphs per block (torchtitan compiles each
-# block on its own), so the graph pass matches its meshes against these first.
-_full_views: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_full_views_scanned = False
-
-
-def scanned_full_views(*, rescan: bool) -> list:
-    """The live full views (roots and ``_unflatten`` views of a whole root) found by the
-    last scan of the process's objects (:func:`live_meshes`); a scan now if ``rescan``
-    or none was made yet. A view built after the last scan is missing until the next:
-    the caller rescans when what it looks for is not among these."""
-    global _full_views_scanned
-    if rescan or not _full_views_scanned:
-        _full_views.clear()
-        for m in live_meshes():
-            try:
-                if mesh_facts(m).full_view:
-                    _full_views[id(m)] = m
-            except ReferenceError:  # a view whose root mesh was garbage-collected
-                continue
-        _full_views_scanned = True
-    return list(_full_views.values())
 
 
 def as_spec(mesh) -> MeshSpec:
@@ -153,7 +51,4 @@ def as_spec(mesh) -> MeshSpec:
 
 def clear_spec_cache() -> None:
     """Forget every cached MeshSpec and the scanned full views (``redist_opt.clear_caches``)."""
-    global _full_views_scanned
-    _spec_cache.clear()
-    _full_views.clear()
-    _full_views_scanned = False
+    clear_mesh_facts()

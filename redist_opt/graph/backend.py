@@ -12,7 +12,7 @@ defers to torch's while Dynamo traces), so a program that compiles with torch's
 default backend compiles with this one.
 
 Then, before the inner compiler, each graph goes through the compiled-graph
-pass (:func:`redist_opt.graph.graph_pass.optimize_graph`): chains of collectives from
+pass (:func:`redist_opt.graph.optimize.optimize_graph`): chains of collectives from
 different places (two redistributions in a row, hand-written funcol next to
 DTensor's) are raised into the IR, optimized together and lowered back. A graph
 it cannot improve is left as it was; if the pass fails, the graph as traced is
@@ -20,7 +20,8 @@ compiled and a warning is given once (``graph_pass=False`` turns it off).
 
 With Inductor, the graphs this backend compiles are cached by Inductor's FX graph
 cache, keyed on each graph after the rewrite, and stay out of AOTAutograd's cache,
-which keys on the graph Dynamo captured, before it (:class:`CompiledByRedistOpt`).
+which keys on the graph Dynamo captured, before it
+(:class:`~redist_opt.graph.inductor_pass.BackendCacheKey`).
 
 ``REDIST_OPT_DUMP_DIR`` also receives each forward / backward graph this backend
 produced: ``NNNN.compile[.rankR].{forward,backward}.txt``, the collectives with
@@ -29,21 +30,23 @@ their group names and the mesh dims each group stands for, then the graph.
 
 from __future__ import annotations
 
-import itertools
-import threading
 from collections.abc import Callable
 
 import torch.fx as fx
 
-from redist_opt.api import enabled, live_meshes, recording_meshes, warn_once
-from redist_opt.debug.dump import dump_dir_from_env, rank_suffix
-from redist_opt.graph import graph_pass
+from redist_opt.api import enabled, recording_meshes, warn_once
+from redist_opt.debug.dump import dump_dir_from_env
+from redist_opt.debug.graph_dump import write_compile_dump
+from redist_opt.graph import optimize
 from redist_opt.graph.agreement import SliceAgreement
-from redist_opt.graph.cache_key import meshes_keyed_by_meaning, rewritten_graph_key
-from redist_opt.graph.graph_pass import GraphRewrites
+from redist_opt.graph.cache_key import meshes_keyed_by_meaning
+from redist_opt.graph.inductor_pass import BackendCacheKey
+from redist_opt.graph.optimize import GraphRewrites
+from redist_opt.graph.results import GraphPassResult
 from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.runtime.mesh_facts import live_meshes
 from redist_opt.torch_api import functorch, inductor
 from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
 from redist_opt.torch_api.tracing import op_name
@@ -140,7 +143,7 @@ class _RedistOptBackend:
 
             # AOTAutograd's cache is looked up before the trace: a hit would skip the
             # routing, the graph pass and its rounds with the other ranks (see
-            # CompiledByRedistOpt). Inductor's FX graph cache keys on each graph after them.
+            # BackendCacheKey). Inductor's FX graph cache keys on each graph after them.
             with functorch.autograd_cache_off():
                 return inductor.compile_fx(
                     gm, example_inputs, inner_compile=inner_compile, config_patches=self._cache_config()
@@ -175,10 +178,10 @@ class _RedistOptBackend:
         )
 
     def _cache_config(self) -> dict:
-        """Inductor config patch for this backend's compiles: :class:`CompiledByRedistOpt`
+        """Inductor config patch for this backend's compiles: :class:`BackendCacheKey`
         after the post-grad custom passes the user set (which keep running)."""
-        mark = CompiledByRedistOpt(self.options, self.graph_pass)
-        return {"post_grad_custom_post_pass": inductor.post_grad_passes_with(mark)}
+        key = BackendCacheKey(self.options, self.graph_pass)
+        return {"post_grad_custom_post_pass": inductor.post_grad_passes_with(key)}
 
     def _optimize(self, gm: fx.GraphModule) -> None:
         """The compiled-graph pass, in place; on failure the graph as traced, and one warning."""
@@ -198,46 +201,6 @@ class _RedistOptBackend:
 def _compiled_for_any_rank() -> bool:
     """``compile_on_one_rank``: one rank's trace runs on all."""
     return inductor.compile_on_one_rank()
-
-
-class CompiledByRedistOpt(inductor.CustomGraphPass):
-    """Inductor's post-grad custom pass while ``redist_opt.backend`` compiles with
-    Inductor: it changes nothing (the rewrite happened before Inductor's passes) and
-    gives the compile a cache key of its own.
-
-    Inductor's FX graph cache keys a compile on the graph it is given, its inputs and
-    Inductor's config, custom passes by their ``uuid()``. That graph is the one this
-    backend traced with its plans and rewrote with the compiled-graph pass, on this
-    rank, in this process: every decision (plans, the pass, created groups' names,
-    the compile-time agreement with the other ranks, this rank's constants) is in it,
-    so an entry is served only for the same rewritten graph. The uuid adds the
-    package's source, the options and whether the pass runs
-    (:func:`~redist_opt.graph.cache_key.rewritten_graph_key`), which also keeps
-    torch's compile of the same graph and ours on entries of their own.
-
-    AOTAutograd's cache is off for these compiles (``_compile``): it keys on the graph
-    Dynamo captured, before the trace, and a hit would skip what decides the graphs:
-
-    * the compile-time agreement (:mod:`redist_opt.graph.agreement`): a rank that
-      loads a cached graph never answers; the ranks that compile wait, give up and
-      keep a chain that the loading rank runs rewritten (ranks of one job may find
-      different cache states);
-    * ``groups="create"``: groups created while tracing would not exist in a process
-      that loads the graph;
-    * facts outside that key: which flattened groups exist, the cost profile.
-
-    So a warm start still traces and runs the graph pass (with its rounds), and loads
-    what Inductor compiled (code generation, C++/Triton compiles, autotuning).
-    """
-
-    def __init__(self, options: PlanOptions, graph_pass_on: bool) -> None:
-        self.options, self.graph_pass_on = options, graph_pass_on
-
-    def __call__(self, graph) -> None:
-        return None
-
-    def uuid(self):
-        return rewritten_graph_key(self.options, "redist_opt.backend", "inductor", self.graph_pass_on)
 
 
 def check_inner(inner, *, allow_none: bool = False) -> None:
@@ -273,7 +236,7 @@ def run_graph_pass(
     options: PlanOptions,
     agreement=None,
     rewrites: GraphRewrites = GraphRewrites(),
-) -> graph_pass.GraphPassResult | None:
+) -> GraphPassResult | None:
     """The compiled-graph pass on ``gm`` under ``options``, in place; its result, or
     None if it failed.
     If it fails with one of the errors the planner and the pass raise themselves,
@@ -284,7 +247,7 @@ def run_graph_pass(
     snapshot = fx.Graph()
     snapshot.output(snapshot.graph_copy(gm.graph, {}))
     try:
-        return graph_pass.optimize_graph(
+        return optimize.optimize_graph(
             gm, meshes=meshes, options=options, agreement=agreement, rewrites=rewrites
         )
     # What the planner and the pass raise themselves: RedistributeError and IRParseError
@@ -378,20 +341,6 @@ def describe_collectives(gm: fx.GraphModule) -> list[str]:
     ]
 
 
-_dump_seq = itertools.count()
-_dump_lock = threading.Lock()
-
-
 def _dump_graph(gm: fx.GraphModule, kind: str) -> None:
-    directory = dump_dir_from_env()
-    if directory is None:
-        return
-    with _dump_lock:
-        seq = next(_dump_seq)
-    rank = rank_suffix()
-    lines = describe_collectives(gm)
-    text = [f"# {kind} graph traced by redist_opt.backend", f"# {len(lines)} collective(s)"]
-    text += [f"#   {line}" for line in lines] or ["#   (none)"]
-    text += ["", str(gm.graph)]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{seq:04d}.compile{rank}.{kind}.txt").write_text("\n".join(text) + "\n")
+    if dump_dir_from_env() is not None:  # the labels read every live mesh: only for a dump
+        write_compile_dump(kind, describe_collectives(gm), gm.graph)

@@ -3,7 +3,7 @@
 Inductor's FX graph cache keys a compile on the graph it is given, its inputs and
 Inductor's config, where a custom pass counts by its ``uuid()``
 (``torch/_inductor/codecache.py``, ``FxGraphHashDetails``). When the pass runs inside
-Inductor (:class:`~redist_opt.graph.graph_pass.RedistGraphPass`, a post-grad pass),
+Inductor (:class:`~redist_opt.graph.inductor_pass.RedistGraphPass`, a post-grad pass),
 the graph in the key is the graph *before* the rewrite, so the uuid must cover
 whatever else decides the graph after it:
 
@@ -73,7 +73,7 @@ def source_digest(package_dir: Path = PACKAGE_DIR) -> str:
 
 def graph_pass_key(options: PlanOptions, meshes=None, *extra) -> str:
     """The key of what the graph pass does to a graph with ``options`` on ``meshes``
-    (as :func:`~redist_opt.graph.graph_pass.optimize_graph` takes them) in this
+    (as :func:`~redist_opt.graph.optimize.optimize_graph` takes them) in this
     process and rank; ``extra``: what the caller adds (its own kind, its inner
     compiler), as JSON-able values."""
     with unset_fake_temporarily():  # Inductor asks while tracing; mesh rank maps are real

@@ -5,7 +5,7 @@ Systems that trace their own forward and backward graphs (autoparallel's
 ``bw_compiler``) never go through ``redist_opt.backend``; they hand each graph
 to a compiler with the contract ``(gm, example_inputs) -> callable``.
 :func:`compiler_fn` returns such a compiler: it runs the compiled-graph pass
-(:func:`redist_opt.graph.graph_pass.optimize_graph`) on the graph, in place,
+(:func:`redist_opt.graph.optimize.optimize_graph`) on the graph, in place,
 then the inner compiler. If the pass fails, the graph as traced is compiled
 and a warning is given once (the same code path as ``redist_opt.backend``).
 
@@ -22,8 +22,8 @@ import torch.fx as fx
 
 from redist_opt.graph.agreement import SliceAgreement
 from redist_opt.graph.backend import check_inner, graph_compiler, run_graph_pass
-from redist_opt.graph.graph_pass import check_allow_list
-from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.mesh_groups import GivenMeshes, mesh_contexts
+from redist_opt.graph.optimize import check_allow_list
 from redist_opt.ir.options import PlanOptions
 
 __all__ = ["compiler_fn", "GraphPassCompiler"]
@@ -37,10 +37,10 @@ def compiler_fn(
 
     ``meshes``: the program's DeviceMeshes (or one), whose root meshes the
     graph's group names are resolved against (None: every live mesh this rank
-    belongs to; see :func:`~redist_opt.graph.graph_pass.optimize_graph`).
+    belongs to; see :func:`~redist_opt.graph.optimize.optimize_graph`).
     ``options=PlanOptions(...)`` or its fields as keywords, as for
     :func:`redist_opt.optimize` and honoured as
-    :func:`~redist_opt.graph.graph_pass.optimize_graph` honours them (groups other
+    :func:`~redist_opt.graph.optimize.optimize_graph` honours them (groups other
     than "existing" are created at compile time, in graph order: every rank must
     compile the same graphs).
     ``inner``: None (run the graph as it is: ``gm.forward``), "aot_eager",
@@ -54,18 +54,21 @@ def compiler_fn(
     """
     options = PlanOptions.of(options, **fields)
     check_inner(inner, allow_none=True)
-    if meshes is not None:  # an allow-list is refused here, not at the first graph
+    if meshes is not None:
+        # Their contexts are built here, once, and handed to the pass of every graph; an
+        # allow-list is refused here, not at the first graph.
+        meshes = GivenMeshes(meshes)
         check_allow_list(options, [c.spec for c in mesh_contexts(meshes)])
     return GraphPassCompiler(meshes, inner, options)
 
 
 class GraphPassCompiler:
     """What :func:`compiler_fn` returns; ``graphs`` counts the graphs it compiled and
-    ``results`` holds the pass's :class:`~redist_opt.graph.graph_pass.GraphPassResult`
+    ``results`` holds the pass's :class:`~redist_opt.graph.results.GraphPassResult`
     of each, in order (None for a graph whose pass failed and was compiled as traced):
     what was rewritten, and why the rest was kept."""
 
-    def __init__(self, meshes, inner, options: PlanOptions) -> None:
+    def __init__(self, meshes: GivenMeshes | None, inner, options: PlanOptions) -> None:
         self.meshes, self.inner, self.options = meshes, inner, options
         self.graphs = 0
         self.results: list = []

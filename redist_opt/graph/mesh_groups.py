@@ -9,10 +9,10 @@ rank: root meshes, and the ``_unflatten`` views of a root that frameworks build
 (torchtitan), matched through their layouts in the root's index space
 (:mod:`redist_opt.ir.layout`). What the search needs of each mesh (its root, the
 root dims it spans, its layouts key, its MeshSpec) is read once per mesh
-(:func:`redist_opt.api.specs.mesh_facts`, cached per mesh, shared with the eager
-path); live meshes are found by :func:`redist_opt.api.specs.live_meshes`, and the full
-views a given view needs among those the last scan found
-(:func:`redist_opt.api.specs.scanned_full_views`).
+(:func:`redist_opt.runtime.mesh_facts.mesh_facts`, cached per mesh, shared with the
+eager path); live meshes are found by :func:`redist_opt.runtime.mesh_facts.live_meshes`,
+and the full views a given view needs among those the last scan found
+(:func:`redist_opt.runtime.mesh_facts.scanned_full_views`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from collections.abc import Sequence
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from redist_opt.api.specs import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.runtime.mesh_facts import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.torch_api.c10d import process_group_ranks
 
-__all__ = ["MeshContext", "mesh_contexts", "resolve_group_name"]
+__all__ = ["MeshContext", "GivenMeshes", "mesh_contexts", "resolve_group_name"]
 
 
 @dataclasses.dataclass
@@ -96,8 +96,11 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
     names) so the search order is the same on every rank; among equal meshes (the
     same ranks, so the same meaning) the one with more flattened groups comes first,
     as it offers more merges. A context's ``scope_dims`` are the dims the given
-    meshes span (every dim with ``meshes=None``).
+    meshes span (every dim with ``meshes=None``). ``meshes`` may be a
+    :class:`GivenMeshes`: its contexts, built once.
     """
+    if isinstance(meshes, GivenMeshes):
+        return meshes.contexts()
     given = meshes is not None
     if meshes is None:
         meshes = live_meshes()
@@ -130,6 +133,30 @@ def mesh_contexts(meshes=None) -> list[MeshContext]:
             if ctx is not None and not ctx.scope_dims:
                 ctx.scope_dims = tuple(range(ctx.spec.ndim))
     return sorted(contexts.values(), key=lambda c: (not c.given, *_context_order(c)))
+
+
+class GivenMeshes:
+    """A compiler's given meshes, whose contexts are built once and handed down to every
+    graph it compiles (``mesh_contexts(given)``) for as long as they are what
+    :func:`mesh_contexts` would build again: while every given mesh keeps its cached
+    :class:`~redist_opt.runtime.mesh_facts.MeshFacts` (a root that gains a flattened mesh
+    gets new ones, as does ``redist_opt.clear_caches``). Where a given mesh is not made of
+    its root's dims, its contexts come from the views the process's last scan found, which
+    may change between graphs: they are built for every graph."""
+
+    def __init__(self, meshes) -> None:
+        self.meshes = [meshes] if isinstance(meshes, DeviceMesh) else list(meshes)
+        self._facts: tuple | None = None
+        self._contexts: list[MeshContext] = []
+
+    def contexts(self) -> list[MeshContext]:
+        facts = tuple(_facts(m) for m in self.meshes)
+        if self._facts is not None and all(a is b for a, b in zip(facts, self._facts)):
+            return self._contexts
+        contexts = mesh_contexts(self.meshes)
+        reusable = all(f is not None and f.root_dims is not None for f in facts)
+        self._facts, self._contexts = (facts, contexts) if reusable else (None, [])
+        return contexts
 
 
 def _with_full_views(meshes: list, facts: dict) -> list:

@@ -29,10 +29,11 @@ import torch.distributed as dist
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.runtime import consensus, store_round
+from redist_opt.torch_api import c10d
 from redist_opt.torch_api.tracing import outside_tracing
 from redist_opt.torch_api.version import TorchAPIError
 
-__all__ = ["resolve_group", "GroupUnavailable"]
+__all__ = ["resolve_group", "group_name", "GroupUnavailable"]
 
 
 class GroupUnavailable(RuntimeError):
@@ -55,6 +56,12 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
         f"no process group has the layout of mesh dims {group.dims} "
         f"({group.layout}); flatten them or use groups='create'"
     )
+
+
+def group_name(device_mesh, group: MeshGroup, policy: str = "existing") -> str:
+    """The name of the process group :func:`resolve_group` gives ``group``: what a
+    functional collective over it names (eager rank programs and compiled graphs alike)."""
+    return c10d.group_name(resolve_group(device_mesh, group, policy))
 
 
 def _create_agreed(device_mesh, group: MeshGroup):

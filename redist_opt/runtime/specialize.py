@@ -8,10 +8,11 @@ one per call; a trace builds one while tracing):
   ``LocalTensorMode``: one tuple of ints per simulated rank);
 - every group is resolved to its process group's name once (what funcol
   resolves ``(mesh, dim)`` to on every call);
-- the program is a straight list of steps: the op definitions of
+- the program is a straight list of steps: the walk of
+  :mod:`redist_opt.runtime.rank_walk` (the one the graph lowering takes too) binds
+  each op at this rank's coordinate, and the op definitions of
   :mod:`redist_opt.ir.local_ops` (local ops, and each collective's layout and
-  functional collective) run through its eager emitter, the same definitions the
-  graph lowering emits.
+  functional collective) run through its eager emitter.
 
 Every collective goes through ``torch.ops._c10d_functional`` (so it is traceable,
 ``CommDebugMode`` counts it, and ``LocalTensorMode`` simulates it). Collectives stay
@@ -29,16 +30,14 @@ Which process group runs each collective is decided by layout, in
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
 import torch.fx as fx
 
-from redist_opt.ir import symbolic as sym
-from redist_opt.ir.local_ops import EAGER, Collective, collective, run_local_op
-from redist_opt.ir.ops import ir_name
-from redist_opt.runtime.groups import resolve_group
+from redist_opt.ir.local_ops import EAGER, Collective, run_local_op
+from redist_opt.runtime.groups import group_name
+from redist_opt.runtime.rank_walk import plan_ops, walk_plan
 from redist_opt.torch_api import c10d
 from redist_opt.torch_api import local_tensor as lt
 
@@ -99,41 +98,50 @@ def specialize(gm: fx.GraphModule, device_mesh, *, dtype: torch.dtype, groups="e
     """The plan ``gm`` for a local tensor of ``dtype``, bound to the calling rank of
     ``device_mesh`` (or to every simulated rank, under ``LocalTensorMode``). Raises
     ``GroupUnavailable`` where a group cannot be resolved under the ``groups`` policy."""
-    nodes = [n for n in gm.graph.nodes if ir_name(n) is not None]
+    nodes = plan_ops(gm)
     # Every group first: one that cannot be had (GroupUnavailable, agreed on every
     # rank) is then known before this rank issued any collective of the plan.
-    names = {
-        n: c10d.group_name(resolve_group(device_mesh, n.args[1], groups))
-        for n in nodes
-        if n.target.is_collective
-    }
+    names = {n: group_name(device_mesh, n.args[1], groups) for n in nodes if n.target.is_collective}
     coords = rank_coordinates(device_mesh) if nodes else ()
-    per_rank = isinstance(coords, dict)
-    traced = c10d.are_we_tracing()
-    steps, text = [], []
-    for node in nodes:
-        name, params = ir_name(node), tuple(node.args[1:])
-        if not node.target.is_collective:
-            values = _on_ranks(coords, functools.partial(sym.evaluate_params, params))
-            steps.append(_local_step(_local_op(name), values, per_rank))
-            text.append(f"{name} per rank {values}" if per_rank else f"{name}{values}")
-            continue
-        bind = functools.partial(_bind_collective, node, dtype)
-        parts = _on_ranks(coords, bind)
-        first = next(iter(parts.values())) if per_rank else parts
-        if first.before is not None:
-            steps.append(_local_step(_before, parts, per_rank))
-        steps.append(_issue_step(first.issue, names[node], pending=first.after is None and not traced))
-        if first.after is not None:
-            steps.append(_local_step(_after, parts, per_rank))
-        text.append(f"{name}{(names[node], *params[1:])}")
-    return RankProgram(steps, text)
+    steps = _EagerSteps(names, per_rank=isinstance(coords, dict), traced=c10d.are_we_tracing())
+    walk_plan(nodes, coords, dtype, steps)
+    return RankProgram(steps.steps, steps.text)
 
 
-def _bind_collective(node: fx.Node, dtype: torch.dtype, coord) -> Collective:
-    group, *params = node.args[1:]
-    shape = [sym.evaluate(s, coord) for s in node.args[0].meta["shape"]]
-    return collective(ir_name(node), shape, dtype, group.size, sym.evaluate_params(params, coord))
+class _EagerSteps:
+    """The eager emitter of :func:`~redist_opt.runtime.rank_walk.walk_plan`: each step a
+    closure on this rank's tensor (on each simulated rank's, under LocalTensorMode)."""
+
+    def __init__(self, names: dict, *, per_rank: bool, traced: bool) -> None:
+        self.names, self.per_rank, self.traced = names, per_rank, traced
+        self.steps: list = []
+        self.text: list[str] = []
+
+    def _first(self, step):
+        return next(iter(step.values())) if self.per_rank else step
+
+    def _on_ranks(self, step, field: str):
+        if self.per_rank:
+            return {r: getattr(s, field) for r, s in step.items()}
+        return getattr(step, field)
+
+    def local(self, step) -> None:
+        name, values = self._first(step).name, self._on_ranks(step, "params")
+        self.steps.append(_local_step(_local_op(name), values, self.per_rank))
+        self.text.append(f"{name} per rank {values}" if self.per_rank else f"{name}{values}")
+
+    def before(self, step) -> None:
+        self.steps.append(_local_step(_before, self._on_ranks(step, "parts"), self.per_rank))
+
+    def issue(self, step, last: bool) -> None:
+        first = self._first(step)
+        name = self.names[first.node]
+        pending = first.parts.after is None and not self.traced
+        self.steps.append(_issue_step(first.parts.issue, name, pending=pending))
+        self.text.append(f"{first.name}{(name, *first.node.args[2:])}")
+
+    def after(self, step) -> None:
+        self.steps.append(_local_step(_after, self._on_ranks(step, "parts"), self.per_rank))
 
 
 def _local_op(name: str):
@@ -148,17 +156,13 @@ def _after(c: Collective):
     return lambda x: c.after(EAGER, x)
 
 
-def _on_ranks(coords, fn):
-    return {r: fn(c) for r, c in coords.items()} if isinstance(coords, dict) else fn(coords)
-
-
-def _issue_step(issue, group_name: str, pending: bool):
+def _issue_step(issue, group: str, pending: bool):
     # ``pending``: the result is left in flight (an AsyncCollectiveTensor, as funcol returns
     # outside tracing); otherwise it is waited now (what follows needs its data, or a trace).
     def step(x):
         if type(x) is _ASYNC:
             x = x.wait()
-        issued = issue(EAGER, x, group_name)
+        issued = issue(EAGER, x, group)
         return _ASYNC(issued) if pending else _wait(issued)
 
     return step

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import torch, torch.distributed as dist, torch.fx as fx
     from redist_opt.debug import dump
-    from redist_opt.graph.graph_pass import optimize_graph
+    from redist_opt.graph_pass import optimize_graph
     from redist_opt.ir.mesh import MeshSpec
     from redist_opt.ir.placements import parse_placements
     from redist_opt.ir.plan import make_plan

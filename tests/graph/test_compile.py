@@ -200,16 +200,16 @@ def test_backend_rejects_unknown_inner_compiler():
 
 
 def test_backend_passes_its_rewrites_to_the_graph_pass(monkeypatch):
-    import redist_opt.graph.graph_pass
+    import redist_opt.graph.optimize
 
     seen = []
-    optimize_graph = redist_opt.graph.graph_pass.optimize_graph
+    optimize_graph = redist_opt.graph.optimize.optimize_graph
 
     def recording(gm, **kwargs):
         seen.append(kwargs["rewrites"])
         return optimize_graph(gm, **kwargs)
 
-    monkeypatch.setattr(redist_opt.graph.graph_pass, "optimize_graph", recording)
+    monkeypatch.setattr(redist_opt.graph.optimize, "optimize_graph", recording)
     mesh = _mesh_2x2x2_dp_tp_flat()
 
     def f(x):
@@ -279,13 +279,13 @@ def test_backend_runs_the_graph_pass_across_redistributions():
 
 
 def test_backend_compiles_the_traced_graph_when_the_graph_pass_fails(monkeypatch):
-    import redist_opt.graph.graph_pass
+    import redist_opt.graph.optimize
 
     def broken(gm, **kwargs):
         gm.graph.erase_node(next(iter(gm.graph.nodes)).next)  # leave the graph half-rewritten
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(redist_opt.graph.graph_pass, "optimize_graph", broken)
+    monkeypatch.setattr(redist_opt.graph.optimize, "optimize_graph", broken)
     mesh = _mesh_2x2x2_dp_tp_flat()
 
     def f(x):

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 import redist_opt
 from redist_opt.api import errors
-from redist_opt.graph import graph_pass as graph_pass_module
+from redist_opt.graph import optimize as optimize_module
 from redist_opt.graph_pass import compiler_fn, count_collectives
 
 
@@ -159,7 +159,7 @@ def test_failed_pass_restores_graph_and_warns_once(mesh24, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(graph_pass_module, "optimize_graph", broken)
+    monkeypatch.setattr(optimize_module, "optimize_graph", broken)
     errors._warned.discard(("graph-pass", "RuntimeError", "injected failure"))
     fw = Captured(compiler_fn(meshes=mesh24))
     with warnings.catch_warnings(record=True) as caught:

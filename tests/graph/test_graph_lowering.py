@@ -30,9 +30,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.graph import lower_chains
-from redist_opt.graph.graph_pass import count_collectives
 from redist_opt.graph.lower_ops import LOWERED_OPS
 from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph_pass import count_collectives
 from redist_opt.ir import symbolic as sym
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.ops import OPS, STEP_VARIANTS

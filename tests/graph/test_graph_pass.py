@@ -24,11 +24,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import redist_opt
-from redist_opt.api.specs import live_meshes
 from redist_opt.graph import mesh_groups
-from redist_opt.graph.graph_pass import RedistGraphPass, count_collectives, optimize_graph
-from redist_opt.graph.mesh_groups import mesh_contexts
+from redist_opt.graph.mesh_groups import GivenMeshes, mesh_contexts
+from redist_opt.graph_pass import RedistGraphPass, count_collectives, optimize_graph
 from redist_opt.ir.layout import mesh_meaning, root_group_names
+from redist_opt.runtime.mesh_facts import live_meshes
 from redist_opt.torch_api import c10d  # all_gather_single on every torch (funcol has it from 2.13)
 
 pytestmark = [
@@ -288,15 +288,29 @@ def test_a_mesh_counts_in_a_cache_key_by_what_it_is(mesh3):
     assert mesh_meaning(copy) == mesh_meaning(mesh3)
 
 
+def test_given_meshes_hand_down_their_contexts_until_a_root_gains_a_flattened_mesh():
+    # compiler_fn builds its meshes' contexts once, for every graph it compiles, and builds
+    # them again when they would differ: a root that gained a flattened mesh (the group
+    # groups="create" makes while compiling a graph, or one the program flattens).
+    mesh = DeviceMesh("cpu", torch.arange(8).view(2, 2, 2), mesh_dim_names=("p", "q", "r"))
+    given = GivenMeshes(mesh)
+    first = mesh_contexts(given)
+    assert mesh_contexts(given) is first
+    mesh["p", "r"]._flatten()
+    again = mesh_contexts(given)
+    assert again is not first and mesh_contexts(given) is again
+    assert [c.spec for c in again] == [c.spec for c in mesh_contexts(mesh)] != [c.spec for c in first]
+
+
 def test_views_of_given_meshes_come_from_the_last_scan_until_one_is_missing(monkeypatch):
     # A framework's meshes are views of a 1-D world mesh; the full view a submesh belongs
     # to is found by scanning the process's objects. One scan serves the graphs after it,
     # and a submesh of a view built since then makes the next call scan again.
-    from redist_opt.api import specs
+    from redist_opt.runtime import mesh_facts
 
     scans = []
-    scan = specs.live_meshes
-    monkeypatch.setattr(specs, "live_meshes", lambda: scans.append(1) or scan())
+    scan = mesh_facts.live_meshes
+    monkeypatch.setattr(mesh_facts, "live_meshes", lambda: scans.append(1) or scan())
     world = DeviceMesh("cpu", torch.arange(8), mesh_dim_names=("world",))
     dense = world._unflatten(0, (4, 2), ("dp", "tp"))
     redist_opt.clear_caches()

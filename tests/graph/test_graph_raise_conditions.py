@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing import FileCheck
 
-from redist_opt.graph.graph_pass import optimize_graph
+from redist_opt.graph_pass import optimize_graph
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from support.slice_facts import other_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from redist_opt.graph.graph_pass import count_collectives, optimize_graph
+from redist_opt.graph_pass import count_collectives, optimize_graph
 from redist_opt.torch_api import c10d  # all_gather_single on every torch (funcol has it from 2.13)
 
 

@@ -67,8 +67,8 @@ from torch.distributed._local_tensor import LocalTensorMode
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 import redist_opt
-import redist_opt.api.specs
 import redist_opt.ir.cost
+import redist_opt.runtime.mesh_facts
 
 # random programs against torch; .ci/run runs it on every torch of the range
 pytestmark = pytest.mark.differential
@@ -203,9 +203,7 @@ POOL = MeshPool()
 def _clear_spec_cache() -> None:
     # MeshPool.use swaps a root's flattened meshes in place (torch itself only
     # ever adds them); drop redist_opt's per-mesh MeshSpec cache so it re-reads them.
-    cache = getattr(redist_opt.api.specs, "_spec_cache", None)
-    if cache is not None:
-        cache.clear()
+    redist_opt.runtime.mesh_facts._facts_cache.clear()
 
 
 @settings(max_examples=N_EXEC)

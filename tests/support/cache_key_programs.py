@@ -20,7 +20,7 @@ if TESTS not in sys.path:
     sys.path.append(TESTS)  # after a copied tree on PYTHONPATH, which must win
 
 import redist_opt  # noqa: E402
-from redist_opt.graph.graph_pass import RedistGraphPass  # noqa: E402
+from redist_opt.graph_pass import RedistGraphPass  # noqa: E402
 from support.program_report import emit  # noqa: E402
 
 

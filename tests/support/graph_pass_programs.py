@@ -30,7 +30,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from redist_opt.graph.graph_pass import GraphRewrites, count_collectives, optimize_graph  # noqa: E402
+from redist_opt.graph_pass import GraphRewrites, count_collectives, optimize_graph  # noqa: E402
 from support.program_report import emit  # noqa: E402
 
 # -- programs -------------------------------------------------------------------------------
@@ -499,7 +499,7 @@ def fake_inductor(rank: int) -> dict:
     import torch._inductor.config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
-    from redist_opt.graph.graph_pass import RedistGraphPass
+    from redist_opt.graph_pass import RedistGraphPass
 
     dist.init_process_group("fake", rank=rank, world_size=8)
     meshes = make_meshes()

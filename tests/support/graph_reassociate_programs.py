@@ -28,7 +28,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from redist_opt.graph.graph_pass import GraphRewrites  # noqa: E402
+from redist_opt.graph_pass import GraphRewrites  # noqa: E402
 from support.graph_pass_programs import Recorder, compile_program  # noqa: E402
 from support.program_report import emit  # noqa: E402
 

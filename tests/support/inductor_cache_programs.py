@@ -190,7 +190,7 @@ PROFILED = {
     "  agreement: slice round": ("graph/agreement.py", "agree"),
     "  agreement: cost-profile check": ("graph/agreement.py", "check_profile"),
     "  finding chains": ("graph/raise_chains.py", "find_chains"),
-    "  re-planning + lowering chains": ("graph/graph_pass.py", "_optimize_chain"),
+    "  re-planning + lowering chains": ("graph/chain_decision.py", "decide_chain"),
     "  reassociation": ("graph/reassociate.py", "reassociate_all_reduces"),
     "  combining": ("graph/combine.py", "combine_collectives"),
     "cache key (backend uuid)": ("graph/cache_key.py", "rewritten_graph_key"),

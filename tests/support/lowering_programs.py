@@ -246,7 +246,7 @@ def _stripping_backend(keep: tuple[str, ...], graphs: list):
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from redist_opt.graph.graph_pass import count_collectives, optimize_graph
+    from redist_opt.graph_pass import count_collectives, optimize_graph
 
     def compiler(gm, example_inputs):
         for n in gm.graph.nodes:
