@@ -184,7 +184,7 @@ def test_a_pass_error_not_the_planners_own_propagates(mesh24, monkeypatch, error
     def broken(*args, **kwargs):
         raise kind("redist_opt needs torch's private name torch.x._y")
 
-    monkeypatch.setattr(graph_pass_module, "optimize_graph", broken)
+    monkeypatch.setattr(optimize_module, "optimize_graph", broken)
     fw = Captured(compiler_fn(meshes=mesh24))
     with pytest.raises(kind, match="torch.x._y"):
         aot_function(replicate_then_shard(mesh24), fw_compiler=fw)(torch.ones(8, 4))
