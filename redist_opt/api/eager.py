@@ -33,7 +33,6 @@ from redist_opt.api import planning
 from redist_opt.api.errors import warn_once
 from redist_opt.api.planning import HotPlan, fallback_reason, plans_for
 from redist_opt.api.specs import spec_of
-from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import consensus
@@ -41,6 +40,7 @@ from redist_opt.runtime.execute import check_local_shape, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
 from redist_opt.runtime.specialize import specialize
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["redistribute_local_tensor", "cached_runner"]
 
@@ -65,7 +65,7 @@ def redistribute_local_tensor(
         raise RedistributeError(
             f"cannot redistribute between different meshes ({device_mesh} -> {target_spec.mesh})"
         )
-    if not L.rank_in_mesh(device_mesh):
+    if not tm.rank_in_mesh(device_mesh):
         return local_tensor
     reason = tdt.needs_torch_planner(current_spec, target_spec)
     src, dst, masks = current_spec.placements, target_spec.placements, ()
@@ -115,8 +115,8 @@ class _CachedCall:
 
     def __init__(self, device_mesh, run, zero_fills: bool | None) -> None:
         self.mesh_ref = weakref.ref(device_mesh)
-        self.root = L.root_mesh(device_mesh)
-        self.flattened = L.flattened_count(self.root)
+        self.root = tm.root_mesh(device_mesh)
+        self.flattened = tm.flattened_count(self.root)
         self.local_mode = tdt.local_tensor_mode()
         self.run = run
         # whether torch's own call ran a zero-fill when this was decided (None: it cannot)
@@ -136,7 +136,7 @@ def cached_runner(local_tensor, current_spec, target_spec, options: PlanOptions)
     if (
         hit is None
         or hit.mesh_ref() is not current_spec.mesh
-        or hit.flattened != L.flattened_count(hit.root)
+        or hit.flattened != tm.flattened_count(hit.root)
         or hit.local_mode is not tdt.local_tensor_mode()
     ):
         return None
@@ -173,7 +173,7 @@ def _hand_back(reason: str, local_tensor, current_spec, target_spec, options, as
 
 
 def _hand_back_runner(device_mesh):
-    torch_call = tdt.TorchHandBack(mergeable=L.flattened_count(L.root_mesh(device_mesh)) > 0)
+    torch_call = tdt.TorchHandBack(mergeable=tm.flattened_count(tm.root_mesh(device_mesh)) > 0)
 
     def run(local_tensor, current_spec, target_spec, async_op, is_explicit=False):
         return torch_call(local_tensor, current_spec, target_spec, async_op=async_op, is_explicit=is_explicit)
@@ -186,7 +186,7 @@ def _runner(hot: HotPlan, current_spec):
     """The program that runs ``hot`` on this mesh and rank, built once per hot plan,
     mesh and LocalTensorMode."""
     device_mesh = current_spec.mesh
-    key = (id(device_mesh), L.flattened_count(L.root_mesh(device_mesh)), id(tdt.local_tensor_mode()))
+    key = (id(device_mesh), tm.flattened_count(tm.root_mesh(device_mesh)), id(tdt.local_tensor_mode()))
     hit = hot.runners.get(key)
     if hit is not None and hit[0]() is device_mesh:
         return hit[1]

@@ -33,11 +33,11 @@ from torch.distributed.tensor.placement_types import Partial
 from redist_opt.api import costs as api_costs
 from redist_opt.api import eager, planning
 from redist_opt.api.errors import as_torch_error, warn_once
-from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS, RedistributeError, placements_str
 from redist_opt.runtime import bindings
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = [
     "enabled",
@@ -223,8 +223,8 @@ class _HandBack:
 
     def __init__(self, device_mesh) -> None:
         self.mesh_ref = weakref.ref(device_mesh)
-        self.root = L.root_mesh(device_mesh)
-        self.flattened = L.flattened_count(self.root)
+        self.root = tm.root_mesh(device_mesh)
+        self.flattened = tm.flattened_count(self.root)
         self.torch_call = tdt.TorchHandBack(mergeable=self.flattened > 0)
 
 
@@ -237,7 +237,11 @@ def _handed_back_before(current_spec, target_spec, use_graph_based_transform) ->
         hit = _handed_back.get(_hand_back_key(current_spec, target_spec, use_graph_based_transform))
     except TypeError:  # a symbolic shape (dynamic shapes while tracing) is not hashable
         return None
-    if hit is None or hit.mesh_ref() is not current_spec.mesh or hit.flattened != L.flattened_count(hit.root):
+    if (
+        hit is None
+        or hit.mesh_ref() is not current_spec.mesh
+        or hit.flattened != tm.flattened_count(hit.root)
+    ):
         return None
     return hit
 

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.torch_api import mesh as tm
 
 __all__ = [
     "MeshFacts",
@@ -90,12 +91,12 @@ def mesh_facts(device_mesh) -> MeshFacts:
 def _read_facts(m) -> MeshFacts:
     # Rank-free: no coordinate (under LocalTensorMode it stands for every rank at once).
     return MeshFacts(
-        root=L.root_mesh(m),
+        root=tm.root_mesh(m),
         spec=MeshSpec.from_device_mesh(m),
         root_dims=L.root_dims_spanned(m),
         full_view=L.is_full_view(m),
         view_key=L.view_key(m),
-        flattened=len(L.flattened_meshes(m)),
+        flattened=len(tm.flattened_meshes(m)),
     )
 
 
@@ -146,7 +147,7 @@ def as_spec(mesh) -> MeshSpec:
     """``mesh`` itself if it is a MeshSpec, the (cached) spec of a DeviceMesh, else an error."""
     if isinstance(mesh, MeshSpec):
         return mesh
-    if L.is_device_mesh(mesh):
+    if isinstance(mesh, DeviceMesh):
         return spec_of(mesh)
     raise RedistributeError(f"expected a DeviceMesh or MeshSpec, got {type(mesh).__name__}")
 

@@ -45,6 +45,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.torch_api import functorch, inductor
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
 from redist_opt.torch_api.tracing import op_name
 
@@ -346,7 +347,7 @@ def _group_labels() -> dict[str, str]:
     labels: dict[str, str] = {}
     for mesh in live_meshes():
         try:
-            root = L.root_mesh(mesh)
+            root = tm.root_mesh(mesh)
             names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
             shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):

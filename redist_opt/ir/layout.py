@@ -6,44 +6,50 @@ over indices into the root mesh's rank map). A communicator is identified by the
 layouts contain the same ranks in the same order, whatever they are called.
 
 The algebra is the IR's own (:mod:`redist_opt.ir.layout_algebra`); a live mesh's
-internals (its dims' layouts, root, flattened meshes, group names, and building a
-flattened mesh with its group) are read through the one version-aware boundary,
-:mod:`redist_opt.torch_api.mesh`. This module gives those facts their meaning:
-which communicators exist, which mesh dims a group spans, what a mesh is across
-processes.
+internals (its dims' layouts, root, flattened meshes, group names) are read through
+the one version-aware boundary, :mod:`redist_opt.torch_api.mesh`. This module gives
+those facts their meaning: which communicators exist, which mesh dims a group spans,
+what a mesh is across processes. Callers that need a fact as torch keeps it (a
+mesh's root, its flattened meshes, whether this rank is in it) read it from
+:mod:`redist_opt.torch_api.mesh` themselves; creating a flattened mesh with its
+group is the runtime's (:mod:`redist_opt.runtime.flattened_meshes`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from itertools import islice, permutations
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 
-from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
+from redist_opt.ir.layout_algebra import FlatLayout, collapse, tiles
 from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.c10d import process_group, process_rank
 
 __all__ = [
-    "FlatLayout",
-    "row_major_dim_layouts",
-    "collapse",
     "rank_lists",
     "format_layout",
+    "device_mesh_dim_layouts",
+    "collapsed_layout",
+    "known_communicators",
+    "flatten_mapping_layouts",
+    "ranks_ascending",
+    "root_index_space",
+    "root_group_names",
+    "dim_group_names",
+    "group_name",
+    "dims_of_layout",
+    "flattened_dims",
+    "root_dims_spanned",
+    "dims_spanned",
+    "is_full_view",
+    "mesh_meaning",
+    "view_key",
+    "communicators_stamp",
+    "backend_for_device",
+    "process_group_backend",
 ]
-
-
-def row_major_dim_layouts(sizes: Sequence[int]) -> tuple[FlatLayout, ...]:
-    """One layout per dim of a row-major mesh of ``sizes`` (what init_device_mesh builds)."""
-    return row_major(sizes)
-
-
-def numel(layout: FlatLayout) -> int:
-    """How many ranks a group of ``layout`` has."""
-    return int(layout.numel())
 
 
 def rank_lists(layout: FlatLayout, index_space: int, limit: int | None = None) -> list[list[int]]:
@@ -69,8 +75,9 @@ def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
     return tuple(FlatLayout(sizes, strides) for sizes, strides in tm.dim_sizes_strides(device_mesh))
 
 
-def _collapsed(device_mesh) -> FlatLayout:
-    """The layout of one communicator over all of ``device_mesh``'s dims."""
+def collapsed_layout(device_mesh) -> FlatLayout:
+    """The layout of one communicator over all of ``device_mesh``'s dims (a flattened
+    mesh's one dim: what identifies its group)."""
     return collapse(device_mesh_dim_layouts(device_mesh))
 
 
@@ -93,7 +100,7 @@ def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
         for d, lay in enumerate(device_mesh_dim_layouts(root)):
             out[lay] = (root, d)
     for flat in tm.flattened_meshes(root).values():
-        out[_collapsed(flat)] = (flat, 0)
+        out[collapsed_layout(flat)] = (flat, 0)
     return out
 
 
@@ -101,103 +108,29 @@ def flatten_mapping_layouts(device_mesh) -> frozenset:
     """Collapsed layouts of the root's flattened meshes: the groups torch's merge
     pass finds (by layout), unlike :func:`known_communicators` not the world group
     nor the root's own dims."""
-    return frozenset(_collapsed(flat) for flat in tm.flattened_meshes(device_mesh).values())
+    return frozenset(collapsed_layout(flat) for flat in tm.flattened_meshes(device_mesh).values())
 
 
 def ranks_ascending(device_mesh) -> bool:
     """Whether the root's rank map lists global ranks in ascending order (so a
     communicator's rank order, ascending global rank, is ascending rank index)."""
-    ranks = tm.rank_map(root_mesh(device_mesh))
+    ranks = tm.rank_map(tm.root_mesh(device_mesh))
     return all(a < b for a, b in zip(ranks, ranks[1:]))
-
-
-def preserves_rank_order(device_mesh) -> bool:
-    """Whether the mesh's communicators list their ranks in layout order rather than
-    by ascending global rank (torch 2.15's ``preserve_rank_order``, the root's value)."""
-    return tm.preserves_rank_order(root_mesh(device_mesh))
 
 
 def root_index_space(device_mesh) -> int:
     """Size of the root mesh's index space (the rank-map indices layouts live in)."""
-    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(root_mesh(device_mesh)))
-
-
-def _flattened_name(layout: FlatLayout) -> str:
-    """The name redist_opt gives its flattened mesh of ``layout`` in the root's mapping."""
-    return "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
-
-
-def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
-    """A 1-D DeviceMesh whose one dim is the communicator ``layout`` (root index space).
-
-    Built from the layout, as DeviceMesh._flatten builds its meshes, but without
-    needing mesh dim names (a mesh from ``init_device_mesh(..., (2, 2, 2))`` has
-    none) and for any dim order. Recorded among the root's flattened meshes under a
-    name derived from the layout, so the next lookup (``known_communicators``)
-    finds it; :func:`forget_flattened_mesh` takes it out again. It takes the root's
-    ``preserve_rank_order`` (torch 2.15), so its group lists its ranks as the root's do.
-
-    On a real backend only the calling rank's own group (its tile of the layout) is
-    created, by its members only, under a name derived from its ranks: so ranks
-    that run different programs (pipeline stages) can create different groups, or
-    none, without shifting the sequential names of groups created later, and the
-    members agree on the name whatever groups each created before. ``timeout``
-    bounds the connection to the other members (a member that never arrives);
-    the group then gets the default group's timeout. Under the ``fake`` backend
-    (simulated ranks, one process) every tile is created, as DeviceMesh does.
-    """
-    root = tm.root_mesh(device_mesh)
-    name = _flattened_name(layout)
-    existing = tm.flattened_meshes(root).get(name)
-    if existing is not None and _collapsed(existing) == layout:
-        return existing
-    if dist.get_backend() == "fake":
-        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=True)
-    else:
-        me = process_rank()
-        tile = next(t for t in remap(layout, tm.rank_map(root)) if me in t)
-        # c10d lists a group's ranks in the order it is given: ascending, as new_group
-        # sorts them, unless the root preserves rank order (then the layout's order).
-        ranks = tile if tm.preserves_rank_order(root) else sorted(tile)
-        pg = _member_group(ranks, f"mesh_{name}", timeout)
-        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=False)
-        tm.attach_process_group(root, flat, pg)
-    tm.add_flattened_mesh(root, name, flat)
-    return flat
-
-
-def forget_flattened_mesh(device_mesh, layout: FlatLayout) -> None:
-    """Take the flattened mesh of ``layout`` out of the root's mapping (its group is
-    no longer found by ``known_communicators``)."""
-    root = tm.root_mesh(device_mesh)
-    for name, flat in tm.flattened_meshes(root).items():
-        if name.startswith("redist_opt_") and _collapsed(flat) == layout:
-            tm.remove_flattened_mesh(root, name)
-
-
-def _member_group(ranks: list[int], desc: str, timeout):
-    """The process group over ``ranks`` (in that order), made by its members alone
-    under a name that depends on the ranks (and their order) only."""
-    name = "redist_opt_" + hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()[:20]
-    return tm.member_process_group(ranks, name, desc, timeout)
+    return math.prod(lay.numel() for lay in device_mesh_dim_layouts(tm.root_mesh(device_mesh)))
 
 
 # -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------
-
-
-def root_mesh(device_mesh):
-    """The root DeviceMesh ``device_mesh`` is a view of (itself for a root).
-
-    Raises ReferenceError when the view's root was garbage-collected.
-    """
-    return tm.root_mesh(device_mesh)
 
 
 def root_group_names(device_mesh) -> tuple[str, ...]:
     """Names of the process groups of the root mesh's dims (empty before groups
     exist): the same on every rank, and different for two roots over the same ranks,
     so they tell such roots apart where ``id()`` (per process) cannot."""
-    return dim_group_names(root_mesh(device_mesh))
+    return dim_group_names(tm.root_mesh(device_mesh))
 
 
 def dim_group_names(device_mesh) -> tuple[str, ...]:
@@ -222,11 +155,6 @@ def group_name(device_mesh, dim: int = 0) -> str:
     return names[dim]
 
 
-def flattened_meshes(device_mesh) -> dict:
-    """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
-    return tm.flattened_meshes(device_mesh)
-
-
 def dims_of_layout(
     layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1
 ) -> tuple[int, ...] | None:
@@ -243,10 +171,10 @@ def dims_of_layout(
 def flattened_dims(device_mesh) -> list[tuple[str, object, tuple[int, ...] | None]]:
     """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
     ``device_mesh``'s root, in the root's order."""
-    root = root_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
     dim_layouts = device_mesh_dim_layouts(root)
     return [
-        (name, flat, dims_of_layout(_collapsed(flat), dim_layouts, min_dims=2))
+        (name, flat, dims_of_layout(collapsed_layout(flat), dim_layouts, min_dims=2))
         for name, flat in tm.flattened_meshes(root).items()
     ]
 
@@ -255,7 +183,7 @@ def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
     """Sorted dims of the root mesh that ``device_mesh``'s dims span (all of them for
     a root; a submesh's own dims; a flattened mesh's dims), or None when one of its
     dims is no set of the root's dims."""
-    return dims_spanned(root_mesh(device_mesh), device_mesh)
+    return dims_spanned(tm.root_mesh(device_mesh), device_mesh)
 
 
 def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
@@ -266,7 +194,7 @@ def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
     ``device_mesh``'s are layouts in the same root index space, so a slice, a
     flattened group or a sibling view's dim is found by comparing collapsed layouts.
     """
-    if root_mesh(base) is not root_mesh(device_mesh):
+    if tm.root_mesh(base) is not tm.root_mesh(device_mesh):
         return None
     dim_layouts = device_mesh_dim_layouts(base)
     spanned: set[int] = set()
@@ -284,12 +212,12 @@ def is_full_view(device_mesh) -> bool:
     makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
     tile the root's whole index space. Such a view can stand for its root when
     group names are read as mesh dims."""
-    root = root_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
     if device_mesh is root:
         return True
     if any(device_mesh is flat for flat in tm.flattened_meshes(root).values()):
         return False
-    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(device_mesh)) == root_index_space(root)
+    return math.prod(lay.numel() for lay in device_mesh_dim_layouts(device_mesh)) == root_index_space(root)
 
 
 def mesh_meaning(device_mesh) -> tuple:
@@ -297,7 +225,7 @@ def mesh_meaning(device_mesh) -> tuple:
     rank map, per-dim layouts, dim names and process-group names, and the same of its
     root. Equal in every process of a job that builds the same mesh (group names are
     given in creation order), unlike its hash and thread id."""
-    root = root_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
     parts = [
         (
             m.device_type,
@@ -314,33 +242,17 @@ def mesh_meaning(device_mesh) -> tuple:
 def view_key(device_mesh) -> tuple:
     """Equal for two DeviceMesh objects with the same root and the same per-dim
     layouts (the same mesh, whichever object or name)."""
-    return (id(root_mesh(device_mesh)), device_mesh_dim_layouts(device_mesh))
+    return (id(tm.root_mesh(device_mesh)), device_mesh_dim_layouts(device_mesh))
 
 
 # -- reading a live DeviceMesh (for redist_opt.api and MeshSpec.from_device_mesh) ------
 
 
-def is_device_mesh(obj) -> bool:
-    """Whether ``obj`` is a live DeviceMesh."""
-    return isinstance(obj, DeviceMesh)
-
-
 def communicators_stamp(device_mesh) -> tuple:
     """A value that changes whenever :func:`known_communicators` may: the root mesh,
     how many flattened meshes it holds, and whether the default group is up."""
-    root = root_mesh(device_mesh)
-    return (id(root), flattened_count(root), dist.is_initialized())
-
-
-def flattened_count(root) -> int:
-    """How many flattened meshes the root mesh ``root`` holds: a cached eager call
-    compares it to the count its plan was made with (a new one may change the plan)."""
-    return tm.flattened_count(root)
-
-
-def rank_in_mesh(device_mesh) -> bool:
-    """Whether the calling rank is one of the mesh's ranks."""
-    return tm.rank_in_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
+    return (id(root), tm.flattened_count(root), dist.is_initialized())
 
 
 def backend_for_device(name: str, device_type: str) -> str:
@@ -362,7 +274,7 @@ def process_group_backend(device_mesh) -> str | None:
     ``ParallelDims`` builds its meshes with ``backend_override={dim: "fake"}`` for every
     dim of degree 1, so those dims do not count while another dim has a real backend.
     """
-    if not dist.is_initialized() or not rank_in_mesh(device_mesh):
+    if not dist.is_initialized() or not tm.rank_in_mesh(device_mesh):
         return None  # (a rank outside the mesh has none of its groups, and runs none of its collectives)
     by_dim = {}
     # No error is turned into None here: None means "the nccl default", so a group whose

@@ -186,6 +186,7 @@ def test_dumps_show_the_profile(tmp_path, monkeypatch):
 def test_backend_per_device_string(monkeypatch):
     # get_backend names one backend per device for mixed process groups.
     from redist_opt.ir import layout as mesh_mod
+    from redist_opt.torch_api import mesh as tm
 
     class FakeMesh:
         def __init__(self, device_type, sizes=(2, 2)):
@@ -195,7 +196,7 @@ def test_backend_per_device_string(monkeypatch):
             return self.sizes[d]
 
     # dim d's group is named and resolved to "pg<d>" (group names are read as funcol reads them)
-    monkeypatch.setattr(mesh_mod, "rank_in_mesh", lambda mesh: True)
+    monkeypatch.setattr(tm, "rank_in_mesh", lambda mesh: True)
     monkeypatch.setattr(mesh_mod, "group_name", lambda mesh, d=0: f"pg{d}")
     monkeypatch.setattr(mesh_mod, "process_group", lambda name: name)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
