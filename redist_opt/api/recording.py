@@ -76,7 +76,7 @@ def _mesh_record(device_mesh, spec) -> dict:
     root = tm.root_mesh(device_mesh)
     root_names = list(root.mesh_dim_names) if root.mesh_dim_names else None
     flattened = []
-    for name, flat, dims in L.flattened_dims(device_mesh):
+    for name, flat, dims in L.flattened_dims(tm.internals(device_mesh)):
         named = None if dims is None else [root_names[d] if root_names else d for d in dims]
         layout = L.collapsed_layout(flat)
         flattened.append({"name": name, "root_dims": named, "layout": layout_json(layout)})

@@ -352,7 +352,7 @@ def _group_labels() -> dict[str, str]:
             shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):
                 labels.setdefault(L.group_name(root, d), f"mesh dim {names[d]} of mesh {shape}")
-            for flat_name, flat, covered in L.flattened_dims(root):
+            for flat_name, flat, covered in L.flattened_dims(tm.internals(root)):
                 what = "+".join(names[d] for d in covered) if covered else flat_name
                 labels.setdefault(
                     L.group_name(flat), f"mesh dims {what} of mesh {shape} (flattened {flat_name})"

@@ -7,12 +7,14 @@ layouts contain the same ranks in the same order, whatever they are called.
 
 The algebra is the IR's own (:mod:`redist_opt.ir.layout_algebra`); a live mesh's
 internals (its dims' layouts, root, flattened meshes, group names) are read through
-the one version-aware boundary, :mod:`redist_opt.torch_api.mesh`. This module gives
-those facts their meaning: which communicators exist, which mesh dims a group spans,
-what a mesh is across processes. Callers that need a fact as torch keeps it (a
-mesh's root, its flattened meshes, whether this rank is in it) read it from
-:mod:`redist_opt.torch_api.mesh` themselves; creating a flattened mesh with its
-group is the runtime's (:mod:`redist_opt.runtime.flattened_meshes`).
+the one version-aware boundary, :mod:`redist_opt.torch_api.mesh`; what is needed of a
+mesh and its root together is read there at once (``MeshInternals``), and the functions
+here that take it do not read the live mesh again. This module gives those facts their
+meaning: which communicators exist, which mesh dims a group spans, what a mesh is
+across processes. Callers that need a fact as torch keeps it (a mesh's root, its
+flattened meshes, whether this rank is in it) read it from
+:mod:`redist_opt.torch_api.mesh` themselves; creating a flattened mesh with its group
+is the runtime's (:mod:`redist_opt.runtime.flattened_meshes`).
 """
 
 from __future__ import annotations
@@ -30,23 +32,23 @@ from redist_opt.torch_api.c10d import process_group, process_rank
 __all__ = [
     "rank_lists",
     "format_layout",
+    "layouts",
     "device_mesh_dim_layouts",
     "collapsed_layout",
     "known_communicators",
     "flatten_mapping_layouts",
+    "flattened_dims",
     "ranks_ascending",
     "root_index_space",
+    "root_dims_spanned",
+    "is_full_view",
+    "view_key",
     "root_group_names",
     "dim_group_names",
     "group_name",
     "dims_of_layout",
-    "flattened_dims",
-    "root_dims_spanned",
     "dims_spanned",
-    "is_full_view",
     "mesh_meaning",
-    "view_key",
-    "communicators_stamp",
     "backend_for_device",
     "process_group_backend",
 ]
@@ -70,9 +72,14 @@ def format_layout(layout: FlatLayout) -> str:
     return f"({shape}):({stride})"
 
 
+def layouts(dims: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[FlatLayout, ...]:
+    """The layouts of dims read as ``(sizes, strides)`` (:mod:`redist_opt.torch_api.mesh`)."""
+    return tuple(FlatLayout(sizes, strides) for sizes, strides in dims)
+
+
 def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
     """The per-dim layouts of a live DeviceMesh, in its root's rank-map index space."""
-    return tuple(FlatLayout(sizes, strides) for sizes, strides in tm.dim_sizes_strides(device_mesh))
+    return layouts(tm.dim_sizes_strides(device_mesh))
 
 
 def collapsed_layout(device_mesh) -> FlatLayout:
@@ -81,46 +88,87 @@ def collapsed_layout(device_mesh) -> FlatLayout:
     return collapse(device_mesh_dim_layouts(device_mesh))
 
 
-def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
+# -- a mesh with its root, read at once (torch_api.mesh.internals) ----------------------
+# What planning (MeshSpec.from_device_mesh, redist_opt.api.specs) and group resolution
+# need of a mesh's root and its flattened meshes is read in one go as MeshInternals;
+# these give it meaning without reading the live mesh again.
+
+
+def known_communicators(internals: tm.MeshInternals) -> dict[FlatLayout, tuple]:
     """Collapsed layout -> (mesh, mesh_dim) or ("world", None) of every communicator
-    that already exists beside ``device_mesh``'s own dims:
+    that already exists beside the mesh's own dims:
 
     * each flattened mesh of the root;
     * each dim of the root mesh itself: an ``_unflatten`` view's root is the mesh it
       was unflattened from, whose groups span several of the view's dims;
     * the default (world) group, when the root's rank map is ``0..world-1`` in order.
     """
-    root = tm.root_mesh(device_mesh)
     out: dict[FlatLayout, tuple] = {}
     if dist.is_initialized():
         world = dist.get_world_size()
-        if tm.rank_map(root) == tuple(range(world)):
+        if internals.rank_map == tuple(range(world)):
             out[FlatLayout((world,), (1,))] = ("world", None)
-    if dim_group_names(root):
-        for d, lay in enumerate(device_mesh_dim_layouts(root)):
-            out[lay] = (root, d)
-    for flat in tm.flattened_meshes(root).values():
-        out[collapsed_layout(flat)] = (flat, 0)
+    if internals.root_group_names:
+        for d, lay in enumerate(layouts(internals.root_dims)):
+            out[lay] = (internals.root, d)
+    for _, flat, dims in internals.flattened:
+        out[collapse(layouts(dims))] = (flat, 0)
     return out
 
 
-def flatten_mapping_layouts(device_mesh) -> frozenset:
+def flatten_mapping_layouts(internals: tm.MeshInternals) -> frozenset:
     """Collapsed layouts of the root's flattened meshes: the groups torch's merge
     pass finds (by layout), unlike :func:`known_communicators` not the world group
     nor the root's own dims."""
-    return frozenset(collapsed_layout(flat) for flat in tm.flattened_meshes(device_mesh).values())
+    return frozenset(collapse(layouts(dims)) for _, _, dims in internals.flattened)
 
 
-def ranks_ascending(device_mesh) -> bool:
+def flattened_dims(internals: tm.MeshInternals) -> list[tuple[str, object, tuple[int, ...] | None]]:
+    """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
+    the root, in the root's order."""
+    root_layouts = layouts(internals.root_dims)
+    return [
+        (name, flat, dims_of_layout(collapse(layouts(dims)), root_layouts, min_dims=2))
+        for name, flat, dims in internals.flattened
+    ]
+
+
+def ranks_ascending(internals: tm.MeshInternals) -> bool:
     """Whether the root's rank map lists global ranks in ascending order (so a
     communicator's rank order, ascending global rank, is ascending rank index)."""
-    ranks = tm.rank_map(tm.root_mesh(device_mesh))
+    ranks = internals.rank_map
     return all(a < b for a, b in zip(ranks, ranks[1:]))
 
 
-def root_index_space(device_mesh) -> int:
+def root_index_space(internals: tm.MeshInternals) -> int:
     """Size of the root mesh's index space (the rank-map indices layouts live in)."""
-    return math.prod(lay.numel() for lay in device_mesh_dim_layouts(tm.root_mesh(device_mesh)))
+    return math.prod(lay.numel() for lay in layouts(internals.root_dims))
+
+
+def root_dims_spanned(internals: tm.MeshInternals) -> tuple[int, ...] | None:
+    """Sorted dims of the root mesh that the mesh's dims span (all of them for a root;
+    a submesh's own dims; a flattened mesh's dims), or None when one of its dims is no
+    set of the root's dims."""
+    return _spanned(layouts(internals.root_dims), layouts(internals.dims))
+
+
+def is_full_view(internals: tm.MeshInternals) -> bool:
+    """Whether the mesh is a root mesh or a view of all of it, as
+    ``root._unflatten(...)`` builds them (torchtitan's ``ParallelDims.build_mesh``
+    makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
+    tile the root's whole index space. Such a view can stand for its root when
+    group names are read as mesh dims."""
+    if internals.mesh is internals.root:
+        return True
+    if any(internals.mesh is flat for _, flat, _ in internals.flattened):
+        return False
+    return math.prod(lay.numel() for lay in layouts(internals.dims)) == root_index_space(internals)
+
+
+def view_key(internals: tm.MeshInternals) -> tuple:
+    """Equal for two DeviceMesh objects with the same root and the same per-dim
+    layouts (the same mesh, whichever object or name)."""
+    return (id(internals.root), layouts(internals.dims))
 
 
 # -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------
@@ -168,24 +216,6 @@ def dims_of_layout(
     return None
 
 
-def flattened_dims(device_mesh) -> list[tuple[str, object, tuple[int, ...] | None]]:
-    """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
-    ``device_mesh``'s root, in the root's order."""
-    root = tm.root_mesh(device_mesh)
-    dim_layouts = device_mesh_dim_layouts(root)
-    return [
-        (name, flat, dims_of_layout(collapsed_layout(flat), dim_layouts, min_dims=2))
-        for name, flat in tm.flattened_meshes(root).items()
-    ]
-
-
-def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
-    """Sorted dims of the root mesh that ``device_mesh``'s dims span (all of them for
-    a root; a submesh's own dims; a flattened mesh's dims), or None when one of its
-    dims is no set of the root's dims."""
-    return dims_spanned(tm.root_mesh(device_mesh), device_mesh)
-
-
 def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
     """Sorted dims of ``base`` that ``device_mesh``'s dims span, or None when one of
     its dims is no set of ``base``'s dims (or the two have different roots).
@@ -196,28 +226,19 @@ def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
     """
     if tm.root_mesh(base) is not tm.root_mesh(device_mesh):
         return None
-    dim_layouts = device_mesh_dim_layouts(base)
+    return _spanned(device_mesh_dim_layouts(base), device_mesh_dim_layouts(device_mesh))
+
+
+def _spanned(base_layouts: Sequence[FlatLayout], dim_layouts: Sequence[FlatLayout]) -> tuple[int, ...] | None:
+    """Sorted indices of ``base_layouts`` that ``dim_layouts`` span, or None when one of
+    them is no set of ``base_layouts``."""
     spanned: set[int] = set()
-    for lay in device_mesh_dim_layouts(device_mesh):
-        dims = dims_of_layout(collapse([lay]), dim_layouts)
+    for lay in dim_layouts:
+        dims = dims_of_layout(collapse([lay]), base_layouts)
         if dims is None:
             return None
         spanned.update(dims)
     return tuple(sorted(spanned))
-
-
-def is_full_view(device_mesh) -> bool:
-    """Whether ``device_mesh`` is a root mesh or a view of all of it, as
-    ``root._unflatten(...)`` builds them (torchtitan's ``ParallelDims.build_mesh``
-    makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
-    tile the root's whole index space. Such a view can stand for its root when
-    group names are read as mesh dims."""
-    root = tm.root_mesh(device_mesh)
-    if device_mesh is root:
-        return True
-    if any(device_mesh is flat for flat in tm.flattened_meshes(root).values()):
-        return False
-    return math.prod(lay.numel() for lay in device_mesh_dim_layouts(device_mesh)) == root_index_space(root)
 
 
 def mesh_meaning(device_mesh) -> tuple:
@@ -239,20 +260,7 @@ def mesh_meaning(device_mesh) -> tuple:
     return tuple(parts)
 
 
-def view_key(device_mesh) -> tuple:
-    """Equal for two DeviceMesh objects with the same root and the same per-dim
-    layouts (the same mesh, whichever object or name)."""
-    return (id(tm.root_mesh(device_mesh)), device_mesh_dim_layouts(device_mesh))
-
-
-# -- reading a live DeviceMesh (for redist_opt.api and MeshSpec.from_device_mesh) ------
-
-
-def communicators_stamp(device_mesh) -> tuple:
-    """A value that changes whenever :func:`known_communicators` may: the root mesh,
-    how many flattened meshes it holds, and whether the default group is up."""
-    root = tm.root_mesh(device_mesh)
-    return (id(root), tm.flattened_count(root), dist.is_initialized())
+# -- the mesh's backend ------------------------------------------------------------------
 
 
 def backend_for_device(name: str, device_type: str) -> str:

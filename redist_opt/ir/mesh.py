@@ -155,16 +155,22 @@ class MeshSpec:
     @classmethod
     def from_device_mesh(cls, device_mesh) -> MeshSpec:
         """Read sizes, names, per-dim layouts and existing flattened meshes off a DeviceMesh."""
+        return cls.from_internals(tm.internals(device_mesh))
+
+    @classmethod
+    def from_internals(cls, internals: tm.MeshInternals) -> MeshSpec:
+        """The spec of a DeviceMesh whose internals were read (``torch_api.mesh.internals``)."""
+        dim_layouts = L.layouts(internals.dims)
         return cls(
-            sizes=tuple(lay.numel() for lay in L.device_mesh_dim_layouts(device_mesh)),
-            names=device_mesh.mesh_dim_names,
-            flattened=tuple(L.known_communicators(device_mesh)),
-            torch_flattened=tuple(L.flatten_mapping_layouts(device_mesh)),
-            dim_layouts=L.device_mesh_dim_layouts(device_mesh),
-            index_space=L.root_index_space(device_mesh),
-            backend=L.process_group_backend(device_mesh),
-            ranks_ascending=L.ranks_ascending(device_mesh),
-            preserve_rank_order=tm.preserves_rank_order(tm.root_mesh(device_mesh)),
+            sizes=tuple(lay.numel() for lay in dim_layouts),
+            names=internals.mesh.mesh_dim_names,
+            flattened=tuple(L.known_communicators(internals)),
+            torch_flattened=tuple(L.flatten_mapping_layouts(internals)),
+            dim_layouts=dim_layouts,
+            index_space=L.root_index_space(internals),
+            backend=L.process_group_backend(internals.mesh),
+            ranks_ascending=L.ranks_ascending(internals),
+            preserve_rank_order=internals.preserves_rank_order,
         )
 
     # -- queries ------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
 from redist_opt.runtime import consensus, flattened_meshes, store_round
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.tracing import outside_tracing
 
 __all__ = ["resolve_group", "GroupUnavailable"]
@@ -43,7 +44,7 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
     real_dims = [d for d, n in zip(group.dims, group.sizes) if n > 1] or list(group.dims[:1])
     if len(real_dims) == 1:
         return (device_mesh, real_dims[0])
-    found = L.known_communicators(device_mesh).get(group.layout)
+    found = L.known_communicators(tm.internals(device_mesh)).get(group.layout)
     if found is not None:
         if found[0] == "world":
             return dist.group.WORLD

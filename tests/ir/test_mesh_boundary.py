@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from redist_opt.api import specs
 from redist_opt.api.specs import as_spec
 from redist_opt.ir import layout as L
 from redist_opt.ir.layout_algebra import FlatLayout, collapse, row_major
@@ -46,8 +47,8 @@ def test_a_root_mesh_reads_as_row_major_layouts():
     assert tm.dim_sizes_strides(mesh) == (((2,), (4,)), ((2,), (2,)), ((2,), (1,)))
     assert L.device_mesh_dim_layouts(mesh) == row_major((2, 2, 2))
     assert tm.rank_map(mesh) == tuple(range(8))
-    assert L.root_index_space(mesh) == 8 and L.ranks_ascending(mesh)
-    assert tm.root_mesh(mesh) is mesh and L.is_full_view(mesh)
+    assert L.root_index_space(tm.internals(mesh)) == 8 and L.ranks_ascending(tm.internals(mesh))
+    assert tm.root_mesh(mesh) is mesh and L.is_full_view(tm.internals(mesh))
     assert len(L.dim_group_names(mesh)) == 3 and L.root_group_names(mesh) == L.dim_group_names(mesh)
     assert tm.rank_in_mesh(mesh)
     spec = MeshSpec.from_device_mesh(mesh)
@@ -62,10 +63,14 @@ def test_a_submesh_is_read_in_its_roots_index_space():
     mesh = _mesh()
     sub = mesh["a", "c"]
     assert L.device_mesh_dim_layouts(sub) == (FlatLayout((2,), (4,)), FlatLayout((2,), (1,)))
-    assert tm.root_mesh(sub) is mesh and L.root_index_space(sub) == 8
-    assert L.root_dims_spanned(sub) == (0, 2) and not L.is_full_view(sub)
+    assert tm.root_mesh(sub) is mesh and L.root_index_space(tm.internals(sub)) == 8
+    assert L.root_dims_spanned(tm.internals(sub)) == (0, 2) and not L.is_full_view(tm.internals(sub))
     assert L.dims_spanned(mesh["a", "b"], mesh["b"]) == (1,)
-    assert L.view_key(sub) == L.view_key(mesh["a", "c"]) != L.view_key(mesh["a", "b"])
+    assert (
+        L.view_key(tm.internals(sub))
+        == L.view_key(tm.internals(mesh["a", "c"]))
+        != L.view_key(tm.internals(mesh["a", "b"]))
+    )
     assert L.mesh_meaning(sub) == L.mesh_meaning(mesh["a", "c"]) != L.mesh_meaning(mesh["a", "b"])
 
 
@@ -74,17 +79,17 @@ def test_torchs_flattened_mesh_is_found_by_its_layout():
     flat = tm.flatten(mesh["a", "c"], "a_c")  # torch's own _flatten
     ac = FlatLayout((2, 2), (4, 1))
     assert tm.dim_sizes_strides(flat) == (((2, 2), (4, 1)),)  # 2.11 nests it, 2.13 keeps a _FlatLayout
-    assert L.flatten_mapping_layouts(mesh) == frozenset({ac})
-    assert L.known_communicators(mesh)[ac] == (flat, 0)
-    assert L.flattened_dims(mesh) == [("a_c", flat, (0, 2))]
+    assert L.flatten_mapping_layouts(tm.internals(mesh)) == frozenset({ac})
+    assert L.known_communicators(tm.internals(mesh))[ac] == (flat, 0)
+    assert L.flattened_dims(tm.internals(mesh)) == [("a_c", flat, (0, 2))]
     assert tm.flattened_meshes(mesh) == {"a_c": flat} and tm.flattened_count(mesh) == 1
-    assert not L.is_full_view(flat)
+    assert not L.is_full_view(tm.internals(flat))
     assert ac in MeshSpec.from_device_mesh(mesh["a", "b"]).flattened_layouts
 
 
 def test_known_communicators_hold_the_world_and_the_roots_dims():
     mesh = init_device_mesh("cpu", (2, 2, 2, 2))  # the fake world's 16 ranks, in order
-    found = L.known_communicators(mesh)
+    found = L.known_communicators(tm.internals(mesh))
     assert found[FlatLayout((16,), (1,))] == ("world", None)
     assert [found[lay] for lay in row_major((2, 2, 2, 2))] == [(mesh, d) for d in range(4)]
 
@@ -92,11 +97,11 @@ def test_known_communicators_hold_the_world_and_the_roots_dims():
 def test_create_flattened_mesh_builds_what_torchs_flatten_builds():
     mesh = _mesh()
     ac = collapse([L.device_mesh_dim_layouts(mesh)[d] for d in (0, 2)])
-    stamp = L.communicators_stamp(mesh)
+    assert ac not in specs.spec_of(mesh).flattened_layouts
     flat = create_flattened_mesh(mesh, ac)
-    assert L.communicators_stamp(mesh) != stamp
+    assert ac in specs.spec_of(mesh).flattened_layouts  # the cached facts are read again
     assert create_flattened_mesh(mesh, ac) is flat  # found again by name and layout
-    assert tm.root_mesh(flat) is mesh and L.known_communicators(mesh)[ac] == (flat, 0)
+    assert tm.root_mesh(flat) is mesh and L.known_communicators(tm.internals(mesh))[ac] == (flat, 0)
     assert dist.get_process_group_ranks(flat.get_group()) == [0, 1, 4, 5]  # rank 0's tile, ascending
     assert tm.dim_sizes_strides(flat) == tm.dim_sizes_strides(mesh["a", "c"]._flatten("a_c"))
     forget_flattened_mesh(mesh, ac)
