@@ -8,7 +8,7 @@ SimpleFSDP + TP step, not a list edited by hand::
     python -m benchmarks.gloo_decision step_wall.json
 
 The second command rewrites the ``SLOWER_IN_STEPS`` block at the end of
-``redist_opt/ir/gloo_measured.py``: the rewrites ``redist_opt.tune`` dropped on that step (the
+``redist_opt/gloo_step_decision.py``: the rewrites ``redist_opt.tune`` dropped on that step (the
 measured ones only), with both commands, the commit, torch's version and the decisions' ratios
 and intervals in its comment. ``--check`` only says whether the file already holds that block.
 """
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import textwrap
 
-GLOO_MEASURED = pathlib.Path(__file__).resolve().parents[1] / "redist_opt" / "ir" / "gloo_measured.py"
+GLOO_STEP_DECISION = pathlib.Path(__file__).resolve().parents[1] / "redist_opt" / "gloo_step_decision.py"
 _BLOCK = re.compile(r"\n# Passes whose rewrites made .*\Z", re.S)
 
 
@@ -71,17 +71,17 @@ def main(argv=None) -> int:
     with open(args.run) as f:
         run = json.load(f)
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=GLOO_MEASURED.parent
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=GLOO_STEP_DECISION.parent
     ).stdout.strip()
     block = decision_block(run, args.config, args.compiler, run.get("commit") or commit or "?")
-    text = GLOO_MEASURED.read_text()
+    text = GLOO_STEP_DECISION.read_text()
     if not _BLOCK.search(text):
-        raise SystemExit(f"gloo_decision: no SLOWER_IN_STEPS block found in {GLOO_MEASURED}")
+        raise SystemExit(f"gloo_decision: no SLOWER_IN_STEPS block found in {GLOO_STEP_DECISION}")
     new = _BLOCK.sub(lambda _: block, text)
     if args.check:
         print("up to date" if new == text else "differs")
         return 0 if new == text else 1
-    GLOO_MEASURED.write_text(new)
+    GLOO_STEP_DECISION.write_text(new)
     print(block)
     return 0
 

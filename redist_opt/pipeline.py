@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 from torch.fx.passes.infra.pass_manager import PassManager, this_before_that_pass_constraint
 
-from redist_opt import ir
+from redist_opt import gloo_step_decision, ir
+from redist_opt.ir.cost import declare_slower_in_steps
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
@@ -65,6 +66,10 @@ OnChange = Callable[[str | None, Plan], None]
 # ``redist_opt.tune`` collecting which passes rewrote a step's redistributions. An observer
 # must not raise; it runs on the planning path.
 PLAN_OBSERVERS: list[Callable[[Plan], None]] = []
+
+# The built-in gloo profile leaves out the passes measured slower inside its training steps
+# (a decision about passes: made here, above them, and carried by the IR's cost model).
+declare_slower_in_steps("gloo", gloo_step_decision.SLOWER_IN_STEPS)
 
 # (this, that): when both run, this runs first.
 ORDER = [

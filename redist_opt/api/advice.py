@@ -37,6 +37,7 @@ from redist_opt.api.planning import optimize
 from redist_opt.debug import advice_report
 from redist_opt.ir import layout as L
 from redist_opt.ir.cost import CostModel, resolve
+from redist_opt.ir.layout_algebra import FlatLayout
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.plan import make_plan
@@ -59,10 +60,10 @@ __all__ = [
 EXACT_LIMIT = 2000
 
 
-def layout_of(data) -> L.FlatLayout:
+def layout_of(data) -> FlatLayout:
     """The layout of a record's ``[shape, stride]``."""
     shape, stride = data
-    return L.FlatLayout(tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+    return FlatLayout(tuple(int(s) for s in shape), tuple(int(s) for s in stride))
 
 
 def _torch_layouts_of_record(mesh: dict) -> tuple | None:
@@ -149,7 +150,7 @@ class Candidate:
     mesh: int  # index of the first recorded mesh that has it
     dims: tuple[int, ...]
     names: tuple[str, ...] | None
-    layout: L.FlatLayout
+    layout: FlatLayout
     root: tuple  # the root it belongs to (see _root_key)
 
     @property

@@ -24,8 +24,8 @@ from __future__ import annotations
 import weakref
 
 from redist_opt.api import planning
-from redist_opt.ir import layout as L
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["CachedCall", "LIMIT", "lookup", "remember", "hand_back"]
 
@@ -45,8 +45,8 @@ class CachedCall:
 
     def __init__(self, device_mesh, run, zero_fills: bool | None) -> None:
         self.mesh_ref = weakref.ref(device_mesh)
-        self.root = L.root_mesh(device_mesh)
-        self.flattened = L.flattened_count(self.root)
+        self.root = tm.root_mesh(device_mesh)
+        self.flattened = tm.flattened_count(self.root)
         self.local_mode = tdt.local_tensor_mode()
         self.run = run
         self.zero_fills = zero_fills
@@ -63,7 +63,7 @@ def lookup(key, device_mesh) -> CachedCall | None:
     if (
         hit is None
         or hit.mesh_ref() is not device_mesh
-        or hit.flattened != L.flattened_count(hit.root)
+        or hit.flattened != tm.flattened_count(hit.root)
         or hit.local_mode is not tdt.local_tensor_mode()
     ):
         return None
@@ -86,7 +86,7 @@ def hand_back(device_mesh) -> tdt.TorchHandBack:
     """torch's own call for a call on ``device_mesh`` redist_opt hands back: its merge pass
     reads torch's plan per call only where the mesh's root has a flattened mesh (torch's
     merge pass merges over one; without one nothing can merge)."""
-    return tdt.TorchHandBack(mergeable=L.flattened_count(L.root_mesh(device_mesh)) > 0)
+    return tdt.TorchHandBack(mergeable=tm.flattened_count(tm.root_mesh(device_mesh)) > 0)
 
 
 planning.CLEAR_HOOKS.append(_calls.clear)

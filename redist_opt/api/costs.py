@@ -27,10 +27,10 @@ from torch.distributed.tensor.placement_types import Partial
 from redist_opt.api.planning import plans_for
 from redist_opt.api.specs import spec_of
 from redist_opt.ir import cost as cost_module
-from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import REDUCE_OPS
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["redistribute_cost", "plan_cost", "torch_cost_reason"]
 
@@ -87,7 +87,7 @@ def redistribute_cost(current_spec, target_spec, *, options: PlanOptions | None 
     options = PlanOptions.of(options, **fields)
     if current_spec.mesh != target_spec.mesh:
         return INF
-    if not L.rank_in_mesh(current_spec.mesh):
+    if not tm.rank_in_mesh(current_spec.mesh):
         return 0.0
     if (
         current_spec.placements == target_spec.placements

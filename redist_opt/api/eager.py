@@ -34,7 +34,6 @@ from redist_opt.api import call_cache
 from redist_opt.api.errors import warn_once
 from redist_opt.api.planning import HotPlan, fallback_reason, plans_for
 from redist_opt.api.specs import spec_of
-from redist_opt.ir import layout as L
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, placements_str
 from redist_opt.runtime import consensus
@@ -42,6 +41,7 @@ from redist_opt.runtime.execute import check_local_shape, input_shape
 from redist_opt.runtime.groups import GroupUnavailable
 from redist_opt.runtime.specialize import specialize
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["redistribute_local_tensor", "cached_runner"]
 
@@ -66,7 +66,7 @@ def redistribute_local_tensor(
         raise RedistributeError(
             f"cannot redistribute between different meshes ({device_mesh} -> {target_spec.mesh})"
         )
-    if not L.rank_in_mesh(device_mesh):
+    if not tm.rank_in_mesh(device_mesh):
         return local_tensor
     reason = tdt.needs_torch_planner(current_spec, target_spec)
     src, dst, masks = current_spec.placements, target_spec.placements, ()
@@ -147,7 +147,7 @@ def _runner(hot: HotPlan, current_spec):
     """The program that runs ``hot`` on this mesh and rank, built once per hot plan,
     mesh and LocalTensorMode."""
     device_mesh = current_spec.mesh
-    key = (id(device_mesh), L.flattened_count(L.root_mesh(device_mesh)), id(tdt.local_tensor_mode()))
+    key = (id(device_mesh), tm.flattened_count(tm.root_mesh(device_mesh)), id(tdt.local_tensor_mode()))
     hit = hot.runners.get(key)
     if hit is not None and hit[0]() is device_mesh:
         return hit[1]

@@ -17,12 +17,12 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 
 from redist_opt.api.autograd import apply_redistribute
 from redist_opt.api.errors import torch_typed
-from redist_opt.ir import layout as L
 from redist_opt.ir.ops import local_shape
 from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError, normalize_placements, placements_str
 from redist_opt.runtime.execute import check_local_shape
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["redistribute"]
 
@@ -91,6 +91,6 @@ def _check_spec_matches(dtensor: DTensor) -> None:
             f"DTensor spec shape {tuple(spec.tensor_meta.shape)} does not match its shape "
             f"{tuple(dtensor.shape)}"
         )
-    if L.rank_in_mesh(spec.mesh) and all(type(p) in (Shard, Replicate, Partial) for p in spec.placements):
+    if tm.rank_in_mesh(spec.mesh) and all(type(p) in (Shard, Replicate, Partial) for p in spec.placements):
         expected = _local_shape(tuple(dtensor.shape), tuple(spec.placements), tuple(spec.mesh.shape))
         check_local_shape(expected, tdt.local_tensor_of(dtensor), spec.mesh, placements_str(spec.placements))

@@ -59,6 +59,7 @@ from redist_opt.api.specs import spec_of
 from redist_opt.ir import layout as L
 from redist_opt.ir.placements import RedistributeError, placement_str
 from redist_opt.torch_api import dtensor as tdt
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.version import TorchAPIError
 
 __all__ = ["RECORD_FORMAT", "Recording", "record", "call_site"]
@@ -73,12 +74,12 @@ _SKIP_FILES = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functo
 
 
 def _mesh_record(device_mesh, spec) -> dict:
-    root = L.root_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
     root_names = list(root.mesh_dim_names) if root.mesh_dim_names else None
     flattened = []
-    for name, flat, dims in L.flattened_dims(device_mesh):
+    for name, flat, dims in L.flattened_dims(tm.internals(device_mesh)):
         named = None if dims is None else [root_names[d] if root_names else d for d in dims]
-        layout = L.collapse(L.device_mesh_dim_layouts(flat))
+        layout = L.collapsed_layout(flat)
         flattened.append({"name": name, "root_dims": named, "layout": layout_json(layout)})
     return mesh_record_of_spec(spec, {"sizes": list(root.shape), "names": root_names}, flattened)
 
@@ -184,7 +185,7 @@ class Recording:
             return  # repeated example-value / metadata runs of a compile: not in the step
         mesh = current_spec.mesh
         spec = spec_of(mesh)
-        mkey = (spec, id(L.root_mesh(mesh)))
+        mkey = (spec, id(tm.root_mesh(mesh)))
         index = self._mesh_index.get(mkey)
         if index is None:
             index = self._add_mesh(_mesh_record(mesh, spec))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
-from redist_opt.ir import layout as L
+from torch.distributed.device_mesh import DeviceMesh
+
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime.mesh_facts import clear_mesh_facts, mesh_facts
@@ -44,7 +45,7 @@ def as_spec(mesh) -> MeshSpec:
     """``mesh`` itself if it is a MeshSpec, the (cached) spec of a DeviceMesh, else an error."""
     if isinstance(mesh, MeshSpec):
         return mesh
-    if L.is_device_mesh(mesh):
+    if isinstance(mesh, DeviceMesh):
         return spec_of(mesh)
     raise RedistributeError(f"expected a DeviceMesh or MeshSpec, got {type(mesh).__name__}")
 

@@ -69,6 +69,7 @@ from redist_opt import ir
 from redist_opt.debug.units import format_bytes, format_time
 from redist_opt.ir import layout as L
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.layout_algebra import FlatLayout
 from redist_opt.ir.placements import placement_str
 from redist_opt.ir.text import arg_str as _arg_str
 from redist_opt.ir.text import dtype_str as _dtype_str
@@ -91,7 +92,7 @@ def _ratio(a, b):
 def _flattened_names(mesh) -> list[str]:
     out = []
     for g in mesh.flattened:
-        if isinstance(g, L.FlatLayout):
+        if isinstance(g, FlatLayout):
             out.append(L.format_layout(g))
         else:
             out.append("+".join(mesh.dim_name(d) for d in mesh.dims_of(g)))

@@ -48,6 +48,7 @@ from redist_opt.ir.options import PlanOptions
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.runtime.mesh_facts import live_meshes
 from redist_opt.torch_api import functorch, inductor
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
 from redist_opt.torch_api.tracing import op_name
 
@@ -317,12 +318,12 @@ def _group_labels() -> dict[str, str]:
     labels: dict[str, str] = {}
     for mesh in live_meshes():
         try:
-            root = L.root_mesh(mesh)
+            root = tm.root_mesh(mesh)
             names = root.mesh_dim_names or tuple(f"dim{d}" for d in range(root.ndim))
             shape = "x".join(str(s) for s in root.shape)
             for d in range(root.ndim):
                 labels.setdefault(L.group_name(root, d), f"mesh dim {names[d]} of mesh {shape}")
-            for flat_name, flat, covered in L.flattened_dims(root):
+            for flat_name, flat, covered in L.flattened_dims(tm.internals(root)):
                 what = "+".join(names[d] for d in covered) if covered else flat_name
                 labels.setdefault(
                     L.group_name(flat), f"mesh dims {what} of mesh {shape} (flattened {flat_name})"

@@ -42,6 +42,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.cost import resolve as resolve_cost
 from redist_opt.ir.options import PlanOptions
 from redist_opt.torch_api import inductor
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.tracing import unset_fake_temporarily
 
 __all__ = [
@@ -143,7 +144,7 @@ def _group_names(device_mesh) -> list:
     order has the same layouts under other names, and must not load a graph naming a
     group it does not have (or another group under that name)."""
     names = [[f"dim {d}", L.group_name(device_mesh, d)] for d in range(device_mesh.ndim)]
-    for layout, (mesh, dim) in L.known_communicators(device_mesh).items():
+    for layout, (mesh, dim) in L.known_communicators(tm.internals(device_mesh)).items():
         name = dist.group.WORLD.group_name if mesh == "world" else L.group_name(mesh, dim)
         names.append([L.format_layout(layout), name])
     return sorted(names)

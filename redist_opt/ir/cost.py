@@ -16,7 +16,8 @@ Interface used by the passes (keep it stable):
         listed costs per_call + per_byte * nbytes of the first row whose up_to_nbytes
         covers nbytes (the last row beyond), any other the alpha-beta formula
     model.slower_in_steps: pass names the default pipeline leaves out under this profile
-        (their rewrites made measured training steps slower; the gloo profile lists one)
+        (their rewrites made measured training steps slower; the gloo profile lists one,
+        which redist_opt.pipeline declares: declare_slower_in_steps)
     resolve(mesh) -> (model, source)       # what optimize() uses without cost=: the
         # file or name in $REDIST_OPT_COST_PROFILE, else the mesh's backend's profile
         # (gloo -> "gloo"; nccl, fake, unknown -> "nccl"), else the default
@@ -42,6 +43,7 @@ __all__ = [
     "resolve",
     "backend_profile",
     "load_profile",
+    "declare_slower_in_steps",
 ]
 
 # The "format" tag of the JSON files ``save`` writes and ``load`` reads.
@@ -81,7 +83,10 @@ def _as_int(key: str, value) -> int:
 
 
 def _pass_names(value) -> tuple:
-    """The ``slower_in_steps`` field from JSON: a list of pass names."""
+    """A ``slower_in_steps`` value (a list or tuple of pass names) as a tuple.
+
+    Only their form is checked here: which passes exist is the pipeline's to say
+    (``redist_opt.pipeline.check_pass_names``), above the IR."""
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"cost profile slower_in_steps={value!r} must be a list of pass names")
     return tuple(value)
@@ -151,6 +156,11 @@ class CostModel:
     # this: the rewrite is cheaper alone and slower in the step.
     slower_in_steps: tuple = ()
 
+    def __post_init__(self) -> None:
+        # Checked at construction, however the model is built (from_dict, replace, a
+        # caller's CostModel(...)): a bare string would otherwise read as one pass per letter.
+        object.__setattr__(self, "slower_in_steps", _pass_names(self.slower_in_steps))
+
     @classmethod
     def default(cls) -> CostModel:
         return cls()
@@ -177,7 +187,7 @@ class CostModel:
                 create_group=ab["create_group"],
                 reduce_scatter_as_all_reduce=True,
                 fitted=gloo_measured.FITTED,
-                slower_in_steps=gloo_measured.SLOWER_IN_STEPS,
+                slower_in_steps=_declared_slower_in_steps("gloo"),
             )
         if name == "gloo-ring":
             # The previous gloo profile: ring algorithms, per-step latency above the
@@ -216,7 +226,7 @@ class CostModel:
             if key == "fitted":
                 kwargs[key] = _fitted_rows(value)
             elif key == "slower_in_steps":
-                kwargs[key] = _pass_names(value)
+                kwargs[key] = value  # checked by __post_init__
             elif key == "devices_per_host":
                 kwargs[key] = None if value is None else _as_int(key, value)
             elif isinstance(default, bool):
@@ -399,6 +409,33 @@ def load_profile(value: str | os.PathLike) -> CostModel:
 @functools.lru_cache(maxsize=len(BUILTIN_PROFILES))
 def _builtin(name: str) -> CostModel:
     return CostModel.profile(name)
+
+
+# Built-in profile name -> the passes it leaves out (its ``slower_in_steps``). Which passes
+# made measured steps slower is a decision about passes, and the IR does not know them:
+# redist_opt.pipeline, which runs them, declares it when it is imported (``import
+# redist_opt`` imports the pipeline before anything can build a profile).
+_SLOWER_IN_STEPS: dict[str, tuple] = {}
+
+
+def declare_slower_in_steps(name: str, passes) -> None:
+    """Declare the passes the built-in profile ``name`` leaves out (``slower_in_steps``)."""
+    if name not in BUILTIN_PROFILES:
+        raise ValueError(f"unknown cost profile {name!r} (known: {', '.join(BUILTIN_PROFILES)})")
+    _SLOWER_IN_STEPS[name] = _pass_names(passes)
+    _builtin.cache_clear()
+
+
+def _declared_slower_in_steps(name: str) -> tuple:
+    """The declared ``slower_in_steps`` of the built-in profile ``name``; raises rather
+    than build the profile without its decision."""
+    try:
+        return _SLOWER_IN_STEPS[name]
+    except KeyError:
+        raise RuntimeError(
+            f"the built-in {name!r} profile's slower_in_steps was not declared: "
+            "redist_opt.pipeline declares it when imported (import redist_opt)"
+        ) from None
 
 
 def resolve(mesh=None) -> tuple[CostModel, str]:

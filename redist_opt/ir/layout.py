@@ -6,44 +6,50 @@ over indices into the root mesh's rank map). A communicator is identified by the
 layouts contain the same ranks in the same order, whatever they are called.
 
 The algebra is the IR's own (:mod:`redist_opt.ir.layout_algebra`); a live mesh's
-internals (its dims' layouts, root, flattened meshes, group names, and building a
-flattened mesh with its group) are read through the one version-aware boundary,
-:mod:`redist_opt.torch_api.mesh`. This module gives those facts their meaning:
-which communicators exist, which mesh dims a group spans, what a mesh is across
-processes.
+internals (its dims' layouts, root, flattened meshes, group names) are read through
+the one version-aware boundary, :mod:`redist_opt.torch_api.mesh`; what is needed of a
+mesh and its root together is read there at once (``MeshInternals``), and the functions
+here that take it do not read the live mesh again. This module gives those facts their
+meaning: which communicators exist, which mesh dims a group spans, what a mesh is
+across processes. Callers that need a fact as torch keeps it (a mesh's root, its
+flattened meshes, whether this rank is in it) read it from
+:mod:`redist_opt.torch_api.mesh` themselves; creating a flattened mesh with its group
+is the runtime's (:mod:`redist_opt.runtime.flattened_meshes`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from itertools import islice, permutations
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 
-from redist_opt.ir.layout_algebra import FlatLayout, collapse, remap, row_major, tiles
+from redist_opt.ir.layout_algebra import FlatLayout, collapse, tiles
 from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.c10d import process_rank
 
 __all__ = [
-    "FlatLayout",
-    "row_major_dim_layouts",
-    "collapse",
     "rank_lists",
     "format_layout",
+    "layouts",
+    "device_mesh_dim_layouts",
+    "collapsed_layout",
+    "known_communicators",
+    "flatten_mapping_layouts",
+    "flattened_dims",
+    "ranks_ascending",
+    "root_index_space",
+    "root_dims_spanned",
+    "is_full_view",
+    "view_key",
+    "root_group_names",
+    "dim_group_names",
+    "group_name",
+    "dims_of_layout",
+    "dims_spanned",
+    "mesh_meaning",
 ]
-
-
-def row_major_dim_layouts(sizes: Sequence[int]) -> tuple[FlatLayout, ...]:
-    """One layout per dim of a row-major mesh of ``sizes`` (what init_device_mesh builds)."""
-    return row_major(sizes)
-
-
-def numel(layout: FlatLayout) -> int:
-    """How many ranks a group of ``layout`` has."""
-    return int(layout.numel())
 
 
 def rank_lists(layout: FlatLayout, index_space: int, limit: int | None = None) -> list[list[int]]:
@@ -64,140 +70,113 @@ def format_layout(layout: FlatLayout) -> str:
     return f"({shape}):({stride})"
 
 
+def layouts(dims: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[FlatLayout, ...]:
+    """The layouts of dims read as ``(sizes, strides)`` (:mod:`redist_opt.torch_api.mesh`)."""
+    return tuple(FlatLayout(sizes, strides) for sizes, strides in dims)
+
+
 def device_mesh_dim_layouts(device_mesh) -> tuple[FlatLayout, ...]:
     """The per-dim layouts of a live DeviceMesh, in its root's rank-map index space."""
-    return tuple(FlatLayout(sizes, strides) for sizes, strides in tm.dim_sizes_strides(device_mesh))
+    return layouts(tm.dim_sizes_strides(device_mesh))
 
 
-def _collapsed(device_mesh) -> FlatLayout:
-    """The layout of one communicator over all of ``device_mesh``'s dims."""
+def collapsed_layout(device_mesh) -> FlatLayout:
+    """The layout of one communicator over all of ``device_mesh``'s dims (a flattened
+    mesh's one dim: what identifies its group)."""
     return collapse(device_mesh_dim_layouts(device_mesh))
 
 
-def known_communicators(device_mesh) -> dict[FlatLayout, tuple]:
+# -- a mesh with its root, read at once (torch_api.mesh.internals) ----------------------
+# What planning (MeshSpec.from_device_mesh, redist_opt.api.specs) and group resolution
+# need of a mesh's root and its flattened meshes is read in one go as MeshInternals;
+# these give it meaning without reading the live mesh again.
+
+
+def known_communicators(internals: tm.MeshInternals) -> dict[FlatLayout, tuple]:
     """Collapsed layout -> (mesh, mesh_dim) or ("world", None) of every communicator
-    that already exists beside ``device_mesh``'s own dims:
+    that already exists beside the mesh's own dims:
 
     * each flattened mesh of the root;
     * each dim of the root mesh itself: an ``_unflatten`` view's root is the mesh it
       was unflattened from, whose groups span several of the view's dims;
     * the default (world) group, when the root's rank map is ``0..world-1`` in order.
     """
-    root = tm.root_mesh(device_mesh)
     out: dict[FlatLayout, tuple] = {}
     if dist.is_initialized():
         world = dist.get_world_size()
-        if tm.rank_map(root) == tuple(range(world)):
+        if internals.rank_map == tuple(range(world)):
             out[FlatLayout((world,), (1,))] = ("world", None)
-    if dim_group_names(root):
-        for d, lay in enumerate(device_mesh_dim_layouts(root)):
-            out[lay] = (root, d)
-    for flat in tm.flattened_meshes(root).values():
-        out[_collapsed(flat)] = (flat, 0)
+    if internals.root_group_names:
+        for d, lay in enumerate(layouts(internals.root_dims)):
+            out[lay] = (internals.root, d)
+    for _, flat, dims in internals.flattened:
+        out[collapse(layouts(dims))] = (flat, 0)
     return out
 
 
-def flatten_mapping_layouts(device_mesh) -> frozenset:
+def flatten_mapping_layouts(internals: tm.MeshInternals) -> frozenset:
     """Collapsed layouts of the root's flattened meshes: the groups torch's merge
     pass finds (by layout), unlike :func:`known_communicators` not the world group
     nor the root's own dims."""
-    return frozenset(_collapsed(flat) for flat in tm.flattened_meshes(device_mesh).values())
+    return frozenset(collapse(layouts(dims)) for _, _, dims in internals.flattened)
 
 
-def ranks_ascending(device_mesh) -> bool:
+def flattened_dims(internals: tm.MeshInternals) -> list[tuple[str, object, tuple[int, ...] | None]]:
+    """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
+    the root, in the root's order."""
+    root_layouts = layouts(internals.root_dims)
+    return [
+        (name, flat, dims_of_layout(collapse(layouts(dims)), root_layouts, min_dims=2))
+        for name, flat, dims in internals.flattened
+    ]
+
+
+def ranks_ascending(internals: tm.MeshInternals) -> bool:
     """Whether the root's rank map lists global ranks in ascending order (so a
     communicator's rank order, ascending global rank, is ascending rank index)."""
-    ranks = tm.rank_map(root_mesh(device_mesh))
+    ranks = internals.rank_map
     return all(a < b for a, b in zip(ranks, ranks[1:]))
 
 
-def preserves_rank_order(device_mesh) -> bool:
-    """Whether the mesh's communicators list their ranks in layout order rather than
-    by ascending global rank (torch 2.15's ``preserve_rank_order``, the root's value)."""
-    return tm.preserves_rank_order(root_mesh(device_mesh))
-
-
-def root_index_space(device_mesh) -> int:
+def root_index_space(internals: tm.MeshInternals) -> int:
     """Size of the root mesh's index space (the rank-map indices layouts live in)."""
-    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(root_mesh(device_mesh)))
+    return math.prod(lay.numel() for lay in layouts(internals.root_dims))
 
 
-def _flattened_name(layout: FlatLayout) -> str:
-    """The name redist_opt gives its flattened mesh of ``layout`` in the root's mapping."""
-    return "redist_opt_{}_s{}".format("x".join(map(str, layout.shape)), "x".join(map(str, layout.stride)))
+def root_dims_spanned(internals: tm.MeshInternals) -> tuple[int, ...] | None:
+    """Sorted dims of the root mesh that the mesh's dims span (all of them for a root;
+    a submesh's own dims; a flattened mesh's dims), or None when one of its dims is no
+    set of the root's dims."""
+    return _spanned(layouts(internals.root_dims), layouts(internals.dims))
 
 
-def create_flattened_mesh(device_mesh, layout: FlatLayout, *, timeout=None):
-    """A 1-D DeviceMesh whose one dim is the communicator ``layout`` (root index space).
-
-    Built from the layout, as DeviceMesh._flatten builds its meshes, but without
-    needing mesh dim names (a mesh from ``init_device_mesh(..., (2, 2, 2))`` has
-    none) and for any dim order. Recorded among the root's flattened meshes under a
-    name derived from the layout, so the next lookup (``known_communicators``)
-    finds it; :func:`forget_flattened_mesh` takes it out again. It takes the root's
-    ``preserve_rank_order`` (torch 2.15), so its group lists its ranks as the root's do.
-
-    On a real backend only the calling rank's own group (its tile of the layout) is
-    created, by its members only, under a name derived from its ranks: so ranks
-    that run different programs (pipeline stages) can create different groups, or
-    none, without shifting the sequential names of groups created later, and the
-    members agree on the name whatever groups each created before. ``timeout``
-    bounds the connection to the other members (a member that never arrives);
-    the group then gets the default group's timeout. Under the ``fake`` backend
-    (simulated ranks, one process) every tile is created, as DeviceMesh does.
-    """
-    root = tm.root_mesh(device_mesh)
-    name = _flattened_name(layout)
-    existing = tm.flattened_meshes(root).get(name)
-    if existing is not None and _collapsed(existing) == layout:
-        return existing
-    if dist.get_backend() == "fake":
-        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=True)
-    else:
-        me = process_rank()
-        tile = next(t for t in remap(layout, tm.rank_map(root)) if me in t)
-        # c10d lists a group's ranks in the order it is given: ascending, as new_group
-        # sorts them, unless the root preserves rank order (then the layout's order).
-        ranks = tile if tm.preserves_rank_order(root) else sorted(tile)
-        pg = _member_group(ranks, f"mesh_{name}", timeout)
-        flat = tm.new_flattened_mesh(root, layout.shape, layout.stride, name, init_backend=False)
-        tm.attach_process_group(root, flat, pg)
-    tm.add_flattened_mesh(root, name, flat)
-    return flat
+def is_full_view(internals: tm.MeshInternals) -> bool:
+    """Whether the mesh is a root mesh or a view of all of it, as
+    ``root._unflatten(...)`` builds them (torchtitan's ``ParallelDims.build_mesh``
+    makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
+    tile the root's whole index space. Such a view can stand for its root when
+    group names are read as mesh dims."""
+    if internals.mesh is internals.root:
+        return True
+    if any(internals.mesh is flat for _, flat, _ in internals.flattened):
+        return False
+    return math.prod(lay.numel() for lay in layouts(internals.dims)) == root_index_space(internals)
 
 
-def forget_flattened_mesh(device_mesh, layout: FlatLayout) -> None:
-    """Take the flattened mesh of ``layout`` out of the root's mapping (its group is
-    no longer found by ``known_communicators``)."""
-    root = tm.root_mesh(device_mesh)
-    for name, flat in tm.flattened_meshes(root).items():
-        if name.startswith("redist_opt_") and _collapsed(flat) == layout:
-            tm.remove_flattened_mesh(root, name)
-
-
-def _member_group(ranks: list[int], desc: str, timeout):
-    """The process group over ``ranks`` (in that order), made by its members alone
-    under a name that depends on the ranks (and their order) only."""
-    name = "redist_opt_" + hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()[:20]
-    return tm.member_process_group(ranks, name, desc, timeout)
+def view_key(internals: tm.MeshInternals) -> tuple:
+    """Equal for two DeviceMesh objects with the same root and the same per-dim
+    layouts (the same mesh, whichever object or name)."""
+    return (id(internals.root), layouts(internals.dims))
 
 
 # -- live DeviceMesh facts the compiled-graph pass reads (redist_opt.graph) -------------
-
-
-def root_mesh(device_mesh):
-    """The root DeviceMesh ``device_mesh`` is a view of (itself for a root).
-
-    Raises ReferenceError when the view's root was garbage-collected.
-    """
-    return tm.root_mesh(device_mesh)
 
 
 def root_group_names(device_mesh) -> tuple[str, ...]:
     """Names of the process groups of the root mesh's dims (empty before groups
     exist): the same on every rank, and different for two roots over the same ranks,
     so they tell such roots apart where ``id()`` (per process) cannot."""
-    return dim_group_names(root_mesh(device_mesh))
+    return dim_group_names(tm.root_mesh(device_mesh))
 
 
 def dim_group_names(device_mesh) -> tuple[str, ...]:
@@ -222,11 +201,6 @@ def group_name(device_mesh, dim: int = 0) -> str:
     return names[dim]
 
 
-def flattened_meshes(device_mesh) -> dict:
-    """Name -> 1-D DeviceMesh of every flattened mesh of ``device_mesh``'s root."""
-    return tm.flattened_meshes(device_mesh)
-
-
 def dims_of_layout(
     layout: FlatLayout, dim_layouts: Sequence[FlatLayout], min_dims: int = 1
 ) -> tuple[int, ...] | None:
@@ -240,24 +214,6 @@ def dims_of_layout(
     return None
 
 
-def flattened_dims(device_mesh) -> list[tuple[str, object, tuple[int, ...] | None]]:
-    """(name, flattened mesh, root dims it spans or None) for every flattened mesh of
-    ``device_mesh``'s root, in the root's order."""
-    root = root_mesh(device_mesh)
-    dim_layouts = device_mesh_dim_layouts(root)
-    return [
-        (name, flat, dims_of_layout(_collapsed(flat), dim_layouts, min_dims=2))
-        for name, flat in tm.flattened_meshes(root).items()
-    ]
-
-
-def root_dims_spanned(device_mesh) -> tuple[int, ...] | None:
-    """Sorted dims of the root mesh that ``device_mesh``'s dims span (all of them for
-    a root; a submesh's own dims; a flattened mesh's dims), or None when one of its
-    dims is no set of the root's dims."""
-    return dims_spanned(root_mesh(device_mesh), device_mesh)
-
-
 def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
     """Sorted dims of ``base`` that ``device_mesh``'s dims span, or None when one of
     its dims is no set of ``base``'s dims (or the two have different roots).
@@ -266,30 +222,21 @@ def dims_spanned(base, device_mesh) -> tuple[int, ...] | None:
     ``device_mesh``'s are layouts in the same root index space, so a slice, a
     flattened group or a sibling view's dim is found by comparing collapsed layouts.
     """
-    if root_mesh(base) is not root_mesh(device_mesh):
+    if tm.root_mesh(base) is not tm.root_mesh(device_mesh):
         return None
-    dim_layouts = device_mesh_dim_layouts(base)
+    return _spanned(device_mesh_dim_layouts(base), device_mesh_dim_layouts(device_mesh))
+
+
+def _spanned(base_layouts: Sequence[FlatLayout], dim_layouts: Sequence[FlatLayout]) -> tuple[int, ...] | None:
+    """Sorted indices of ``base_layouts`` that ``dim_layouts`` span, or None when one of
+    them is no set of ``base_layouts``."""
     spanned: set[int] = set()
-    for lay in device_mesh_dim_layouts(device_mesh):
-        dims = dims_of_layout(collapse([lay]), dim_layouts)
+    for lay in dim_layouts:
+        dims = dims_of_layout(collapse([lay]), base_layouts)
         if dims is None:
             return None
         spanned.update(dims)
     return tuple(sorted(spanned))
-
-
-def is_full_view(device_mesh) -> bool:
-    """Whether ``device_mesh`` is a root mesh or a view of all of it, as
-    ``root._unflatten(...)`` builds them (torchtitan's ``ParallelDims.build_mesh``
-    makes every mesh so from a 1-D world mesh): not a flattened mesh, and its dims
-    tile the root's whole index space. Such a view can stand for its root when
-    group names are read as mesh dims."""
-    root = root_mesh(device_mesh)
-    if device_mesh is root:
-        return True
-    if any(device_mesh is flat for flat in tm.flattened_meshes(root).values()):
-        return False
-    return math.prod(numel(lay) for lay in device_mesh_dim_layouts(device_mesh)) == root_index_space(root)
 
 
 def mesh_meaning(device_mesh) -> tuple:
@@ -297,7 +244,7 @@ def mesh_meaning(device_mesh) -> tuple:
     rank map, per-dim layouts, dim names and process-group names, and the same of its
     root. Equal in every process of a job that builds the same mesh (group names are
     given in creation order), unlike its hash and thread id."""
-    root = root_mesh(device_mesh)
+    root = tm.root_mesh(device_mesh)
     parts = [
         (
             m.device_type,
@@ -309,35 +256,3 @@ def mesh_meaning(device_mesh) -> tuple:
         for m in (device_mesh, root)
     ]
     return tuple(parts)
-
-
-def view_key(device_mesh) -> tuple:
-    """Equal for two DeviceMesh objects with the same root and the same per-dim
-    layouts (the same mesh, whichever object or name)."""
-    return (id(root_mesh(device_mesh)), device_mesh_dim_layouts(device_mesh))
-
-
-# -- reading a live DeviceMesh (for redist_opt.api and MeshSpec.from_device_mesh) ------
-
-
-def is_device_mesh(obj) -> bool:
-    """Whether ``obj`` is a live DeviceMesh."""
-    return isinstance(obj, DeviceMesh)
-
-
-def communicators_stamp(device_mesh) -> tuple:
-    """A value that changes whenever :func:`known_communicators` may: the root mesh,
-    how many flattened meshes it holds, and whether the default group is up."""
-    root = root_mesh(device_mesh)
-    return (id(root), flattened_count(root), dist.is_initialized())
-
-
-def flattened_count(root) -> int:
-    """How many flattened meshes the root mesh ``root`` holds: a cached eager call
-    compares it to the count its plan was made with (a new one may change the plan)."""
-    return tm.flattened_count(root)
-
-
-def rank_in_mesh(device_mesh) -> bool:
-    """Whether the calling rank is one of the mesh's ranks."""
-    return tm.rank_in_mesh(device_mesh)

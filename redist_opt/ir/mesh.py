@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 
 from redist_opt.ir import c10d_backends
 from redist_opt.ir import layout as L
+from redist_opt.ir.layout_algebra import FlatLayout, collapse, row_major
 from redist_opt.ir.placements import RedistributeError
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["MeshSpec", "MeshGroup"]
 
@@ -31,7 +33,7 @@ class MeshGroup:
 
     dims: tuple[int, ...]
     sizes: tuple[int, ...]
-    layout: L.FlatLayout
+    layout: FlatLayout
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MeshGroup) and self.layout == other.layout
@@ -108,7 +110,7 @@ class MeshSpec:
                 raise RedistributeError(f"mesh dim names {names} are not unique")
             object.__setattr__(self, "names", names)
         if self.dim_layouts is None:
-            object.__setattr__(self, "dim_layouts", L.row_major_dim_layouts(sizes))
+            object.__setattr__(self, "dim_layouts", row_major(sizes))
         if self.index_space is None:
             object.__setattr__(self, "index_space", math.prod(sizes))
         object.__setattr__(self, "flattened", tuple(self.flattened))
@@ -142,8 +144,8 @@ class MeshSpec:
         """Collapsed layouts of ``groups``: layouts as they are, dim-name groups collapsed."""
         return frozenset(
             g
-            if isinstance(g, L.FlatLayout)
-            else L.collapse([self.dim_layouts[d] for d in sorted(self.dims_of(g))])
+            if isinstance(g, FlatLayout)
+            else collapse([self.dim_layouts[d] for d in sorted(self.dims_of(g))])
             for g in groups
         )
 
@@ -154,16 +156,22 @@ class MeshSpec:
     @classmethod
     def from_device_mesh(cls, device_mesh) -> MeshSpec:
         """Read sizes, names, per-dim layouts and existing flattened meshes off a DeviceMesh."""
+        return cls.from_internals(tm.internals(device_mesh))
+
+    @classmethod
+    def from_internals(cls, internals: tm.MeshInternals) -> MeshSpec:
+        """The spec of a DeviceMesh whose internals were read (``torch_api.mesh.internals``)."""
+        dim_layouts = L.layouts(internals.dims)
         return cls(
-            sizes=tuple(L.numel(lay) for lay in L.device_mesh_dim_layouts(device_mesh)),
-            names=device_mesh.mesh_dim_names,
-            flattened=tuple(L.known_communicators(device_mesh)),
-            torch_flattened=tuple(L.flatten_mapping_layouts(device_mesh)),
-            dim_layouts=L.device_mesh_dim_layouts(device_mesh),
-            index_space=L.root_index_space(device_mesh),
-            backend=c10d_backends.process_group_backend(device_mesh),
-            ranks_ascending=L.ranks_ascending(device_mesh),
-            preserve_rank_order=L.preserves_rank_order(device_mesh),
+            sizes=tuple(lay.numel() for lay in dim_layouts),
+            names=internals.mesh.mesh_dim_names,
+            flattened=tuple(L.known_communicators(internals)),
+            torch_flattened=tuple(L.flatten_mapping_layouts(internals)),
+            dim_layouts=dim_layouts,
+            index_space=L.root_index_space(internals),
+            backend=c10d_backends.process_group_backend(internals.mesh),
+            ranks_ascending=L.ranks_ascending(internals),
+            preserve_rank_order=internals.preserves_rank_order,
         )
 
     # -- queries ------------------------------------------------------------
@@ -229,7 +237,7 @@ class MeshSpec:
             cache[dims] = MeshGroup(
                 dims=dims,
                 sizes=tuple(self.sizes[d] for d in dims),
-                layout=L.collapse([self.dim_layouts[d] for d in dims]),
+                layout=collapse([self.dim_layouts[d] for d in dims]),
             )
         return cache[dims]
 

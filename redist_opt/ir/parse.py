@@ -20,6 +20,7 @@ from sympy.parsing.sympy_parser import parse_expr
 from redist_opt.ir import layout as L
 from redist_opt.ir import ops
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.layout_algebra import FlatLayout
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import parse_placement
 from redist_opt.ir.plan import Plan
@@ -126,7 +127,7 @@ class _Reader:
     def layout(self, text: str):
         shape, stride = text.split(":")
         ints = lambda s: tuple(int(x) for x in s.strip("()").split(","))  # noqa: E731
-        return L.FlatLayout(ints(shape), ints(stride))
+        return FlatLayout(ints(shape), ints(stride))
 
     # -- lines -------------------------------------------------------------------
 

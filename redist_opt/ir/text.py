@@ -46,6 +46,7 @@ import torch.fx as fx
 from redist_opt.ir import layout as L
 from redist_opt.ir import ops
 from redist_opt.ir import symbolic as sym
+from redist_opt.ir.layout_algebra import FlatLayout, row_major
 from redist_opt.ir.mesh import MeshGroup, MeshSpec
 from redist_opt.ir.placements import placement_str, placements_str
 
@@ -182,13 +183,13 @@ def _mesh_line(mesh: MeshSpec) -> str | None:
     items = []
     if mesh.flattened:
         flat = [
-            L.format_layout(g) if isinstance(g, L.FlatLayout) else dims_str(mesh.dims_of(g), mesh)
+            L.format_layout(g) if isinstance(g, FlatLayout) else dims_str(mesh.dims_of(g), mesh)
             for g in mesh.flattened
         ]
         items.append("flattened=[" + ", ".join(flat) + "]")
     if mesh.backend is not None:
         items.append(f"backend={mesh.backend}")
-    if tuple(mesh.dim_layouts) != tuple(L.row_major_dim_layouts(mesh.sizes)):
+    if tuple(mesh.dim_layouts) != tuple(row_major(mesh.sizes)):
         items.append("layouts=[" + ", ".join(L.format_layout(x) for x in mesh.dim_layouts) + "]")
     if mesh.index_space != mesh.num_ranks:
         items.append(f"index_space={mesh.index_space}")

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from redist_opt.ir import cost as cost_module
-from redist_opt.ir import layout as L
 from redist_opt.runtime import store_round
 from redist_opt.runtime.store_round import WAITS  # every round's wait, read by the fault harness
 from redist_opt.torch_api import c10d, tracing
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.local_tensor import local_tensor_mode
 
 __all__ = [
@@ -126,7 +126,7 @@ def abandoned_reason(device_mesh, layout) -> str | None:
     """Why the ranks agreed not to use a group of ``layout`` (None: not abandoned)."""
     if not needs_agreement(device_mesh):  # only agreed abandonments are recorded
         return None
-    return _abandoned.get((_mesh_value(L.root_mesh(device_mesh)), layout))
+    return _abandoned.get((_mesh_value(tm.root_mesh(device_mesh)), layout))
 
 
 def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str | None:
@@ -147,7 +147,7 @@ def agree_group_created(device_mesh, layout, dims, failure: str | None) -> str |
         f"creating the merged group over mesh dims {tuple(dims)} failed on rank(s) {sorted(failed)} "
         f"(rank {first}: {failed[first]}); every rank of {sorted(outcomes)} runs the unmerged plan"
     )
-    _abandoned[(_mesh_value(L.root_mesh(device_mesh)), layout)] = reason
+    _abandoned[(_mesh_value(tm.root_mesh(device_mesh)), layout)] = reason
     return reason
 
 

@@ -5,7 +5,7 @@
    group's collapsed layout (or the world group, when its layout is the world's);
 3. under ``groups="create"`` -> a flattened mesh created on first use from the
    group's layout (no mesh dim names needed, any dim order; cached in the root
-   mesh, see ``redist_opt.ir.layout.create_flattened_mesh``). While torch.compile
+   mesh, see ``redist_opt.runtime.flattened_meshes.create_flattened_mesh``). While torch.compile
    traces, this runs at trace time: every rank traces the same program, so groups
    are created in the same order.
 
@@ -28,8 +28,9 @@ import torch.distributed as dist
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshGroup
-from redist_opt.runtime import consensus, store_round
+from redist_opt.runtime import consensus, flattened_meshes, store_round
 from redist_opt.torch_api import c10d
+from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.tracing import outside_tracing
 from redist_opt.torch_api.version import TorchAPIError
 
@@ -45,7 +46,7 @@ def resolve_group(device_mesh, group: MeshGroup, policy: str = "existing"):
     real_dims = [d for d, n in zip(group.dims, group.sizes) if n > 1] or list(group.dims[:1])
     if len(real_dims) == 1:
         return (device_mesh, real_dims[0])
-    found = L.known_communicators(device_mesh).get(group.layout)
+    found = L.known_communicators(tm.internals(device_mesh)).get(group.layout)
     if found is not None:
         if found[0] == "world":
             return dist.group.WORLD
@@ -77,7 +78,7 @@ def _create_agreed(device_mesh, group: MeshGroup):
         if consensus.needs_agreement(device_mesh):
             timeout = datetime.timedelta(seconds=store_round.bound_s() / 2)
         with outside_tracing():
-            flat = L.create_flattened_mesh(device_mesh, layout, timeout=timeout)
+            flat = flattened_meshes.create_flattened_mesh(device_mesh, layout, timeout=timeout)
     except TorchAPIError:  # a private torch name that moved: never a group "unavailable"
         raise
     except Exception as e:  # a backend that cannot make a new communicator
@@ -85,6 +86,6 @@ def _create_agreed(device_mesh, group: MeshGroup):
     reason = consensus.agree_group_created(device_mesh, layout, group.dims, failure)
     if reason is not None:
         if flat is not None:
-            L.forget_flattened_mesh(device_mesh, layout)
+            flattened_meshes.forget_flattened_mesh(device_mesh, layout)
         raise GroupUnavailable(reason)
     return flat

@@ -13,10 +13,12 @@ import dataclasses
 import gc
 import weakref
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
+from redist_opt.torch_api import mesh as tm
 
 __all__ = ["MeshFacts", "mesh_facts", "live_meshes", "scanned_full_views", "clear_mesh_facts"]
 
@@ -50,7 +52,7 @@ def _forget_facts(key: int, dead_ref) -> None:
 def mesh_facts(device_mesh) -> MeshFacts:
     """What redist_opt needs of ``device_mesh``, computed once per mesh (again when its
     root gains a flattened mesh). Raises ReferenceError for a view whose root is gone."""
-    stamp = L.communicators_stamp(device_mesh)
+    stamp = _communicators_stamp(device_mesh)
     hit = _facts_cache.get(id(device_mesh))
     if hit is None or hit[0]() is not device_mesh or hit[1] != stamp:
         key = id(device_mesh)
@@ -60,15 +62,24 @@ def mesh_facts(device_mesh) -> MeshFacts:
     return hit[2]
 
 
+def _communicators_stamp(device_mesh) -> tuple:
+    """A value that changes whenever the mesh's known communicators may: the root mesh,
+    how many flattened meshes it holds, and whether the default group is up (read on
+    every eager call: no copy of the root's flattened meshes)."""
+    root = tm.root_mesh(device_mesh)
+    return (id(root), tm.flattened_count(root), dist.is_initialized())
+
+
 def _read_facts(m) -> MeshFacts:
     # Rank-free: no coordinate (under LocalTensorMode it stands for every rank at once).
+    internals = tm.internals(m)
     return MeshFacts(
-        root=L.root_mesh(m),
-        spec=MeshSpec.from_device_mesh(m),
-        root_dims=L.root_dims_spanned(m),
-        full_view=L.is_full_view(m),
-        view_key=L.view_key(m),
-        flattened=len(L.flattened_meshes(m)),
+        root=internals.root,
+        spec=MeshSpec.from_internals(internals),
+        root_dims=L.root_dims_spanned(internals),
+        full_view=L.is_full_view(internals),
+        view_key=L.view_key(internals),
+        flattened=len(internals.flattened),
     )
 
 

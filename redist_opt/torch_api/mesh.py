@@ -7,7 +7,8 @@ up through the root's ``_pg_registry``); none of it is public. This module reads
 those and hands the IR plain data: each dim's layout as flat ``(sizes, strides)``
 int tuples (the IR's :class:`redist_opt.ir.layout_algebra.FlatLayout` takes them:
 this bottom layer imports nothing of the IR), rank maps as int tuples, group names
-as str tuples. It builds the flattened meshes redist_opt creates and their c10d
+as str tuples; what the IR needs of a mesh and its root together is read at once
+(:class:`MeshInternals`). It builds the flattened meshes redist_opt creates and their c10d
 groups. Everything above it (``redist_opt.ir.layout``) gives these facts meaning.
 
 Read in the sources of torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0
@@ -46,6 +47,7 @@ Read in the sources of torch 2.11.0, 2.12.1, 2.13.0, 2.14.1 and 2.15.0
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch.distributed as dist
@@ -75,6 +77,8 @@ __all__ = [
     "dim_group_names",
     "preserves_rank_order",
     "rank_in_mesh",
+    "MeshInternals",
+    "internals",
     "flatten",
     "new_flattened_mesh",
     "attach_process_group",
@@ -259,6 +263,42 @@ def preserves_rank_order(device_mesh) -> bool:
 def rank_in_mesh(device_mesh) -> bool:
     """Whether the calling rank is one of the mesh's ranks."""
     return bool(_is_current_rank_part_of_mesh(device_mesh))
+
+
+SizesStrides = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshInternals:
+    """What torch keeps of a DeviceMesh and of its root, read at once as plain data
+    (beside the live root and flattened meshes, which callers hand on as they are):
+    ``redist_opt.ir.layout`` gives it meaning without coming back here for each fact."""
+
+    mesh: DeviceMesh
+    root: DeviceMesh
+    dims: tuple[SizesStrides, ...]  # the mesh's dims, over the root's rank map
+    root_dims: tuple[SizesStrides, ...]
+    rank_map: tuple[int, ...]  # the root's
+    root_group_names: tuple[str, ...] | None  # of the root's dims (dim_group_names)
+    preserves_rank_order: bool  # the root's (its views and flattened meshes take it)
+    flattened: tuple[tuple[str, DeviceMesh, tuple[SizesStrides, ...]], ...]  # the root's, with their dims
+
+
+def internals(device_mesh) -> MeshInternals:
+    """The :class:`MeshInternals` of ``device_mesh``."""
+    root = root_mesh(device_mesh)
+    return MeshInternals(
+        mesh=device_mesh,
+        root=root,
+        dims=dim_sizes_strides(device_mesh),
+        root_dims=dim_sizes_strides(root),
+        rank_map=rank_map(root),
+        root_group_names=dim_group_names(root),
+        preserves_rank_order=preserves_rank_order(root),
+        flattened=tuple(
+            (name, flat, dim_sizes_strides(flat)) for name, flat in flattened_meshes(root).items()
+        ),
+    )
 
 
 # -- building flattened meshes and their groups ------------------------------------------

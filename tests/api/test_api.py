@@ -132,7 +132,7 @@ def test_unavailable_group_falls_back_and_warns_once(monkeypatch):
     with LocalTensorMode(8) as lm:
         root = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2), mesh_dim_names=("x", "y", "z"))
         dt = _partial_input(lm, root, [Partial(), Partial(), Replicate()], (6, 3))
-        monkeypatch.setattr(redist_opt.ir.layout, "create_flattened_mesh", refuse)
+        monkeypatch.setattr(redist_opt.runtime.flattened_meshes, "create_flattened_mesh", refuse)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             with CommDebugMode() as cdm:
@@ -156,7 +156,7 @@ def test_a_moved_private_torch_name_is_never_an_unavailable_group(monkeypatch):
     with LocalTensorMode(8) as lm:
         root = DeviceMesh("cpu", torch.arange(8).reshape(2, 2, 2), mesh_dim_names=("x", "y", "z"))
         dt = _partial_input(lm, root, [Partial(), Partial(), Replicate()], (6, 3))
-        monkeypatch.setattr(redist_opt.ir.layout, "create_flattened_mesh", moved)
+        monkeypatch.setattr(redist_opt.runtime.flattened_meshes, "create_flattened_mesh", moved)
         with pytest.raises(TorchAPIError, match="torch.x._y"):
             redist_opt.redistribute(dt, [Replicate()] * 3, groups="create")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import gloo_decision
-from redist_opt.ir import gloo_measured
+from redist_opt import gloo_step_decision
+from redist_opt.ir.cost import CostModel
 
 CONFIG = "simplefsdp_tp 1x2x2 dim 1024"
 
@@ -56,7 +57,8 @@ def test_an_untuned_config_is_refused_naming_it():
 
 
 def test_the_shipped_file_has_one_block_to_replace():
-    text = gloo_decision.GLOO_MEASURED.read_text()
+    text = gloo_decision.GLOO_STEP_DECISION.read_text()
     match = gloo_decision._BLOCK.search(text)
     assert match is not None and match.group(0).count("SLOWER_IN_STEPS =") == 1
-    assert _slower_in_steps(match.group(0)) == gloo_measured.SLOWER_IN_STEPS
+    assert _slower_in_steps(match.group(0)) == gloo_step_decision.SLOWER_IN_STEPS
+    assert CostModel.profile("gloo").slower_in_steps == gloo_step_decision.SLOWER_IN_STEPS  # declared

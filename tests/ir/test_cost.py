@@ -14,7 +14,7 @@ import random
 import pytest
 
 import redist_opt
-from redist_opt.ir.cost import KINDS, PROFILE_FORMAT, CostModel, steps_and_bytes
+from redist_opt.ir.cost import KINDS, PROFILE_FORMAT, CostModel, declare_slower_in_steps, steps_and_bytes
 from redist_opt.ir.cost_fit import fit_alpha_beta
 from redist_opt.tools.args import format_size, parse_size, parse_sizes
 from redist_opt.tools.bench import bench_shape
@@ -247,6 +247,28 @@ def test_partial_dict_uses_defaults():
 def test_bad_profiles(data, match):
     with pytest.raises(ValueError, match=match):
         CostModel.from_dict(data)
+
+
+def test_the_gloo_profiles_pass_decision_is_declared_above_the_passes(monkeypatch):
+    from redist_opt import gloo_step_decision
+    from redist_opt.ir import cost
+
+    assert CostModel.profile("gloo").slower_in_steps == gloo_step_decision.SLOWER_IN_STEPS != ()
+    monkeypatch.setattr(cost, "_SLOWER_IN_STEPS", {})  # as if the pipeline had not declared it
+    with pytest.raises(RuntimeError, match="'gloo' profile's slower_in_steps was not declared"):
+        CostModel.profile("gloo")
+    assert CostModel.profile("gloo-ring").slower_in_steps == ()  # nothing to declare
+
+
+def test_slower_in_steps_is_checked_when_the_model_is_built():
+    # however it is built: a bare string would read as one pass per letter
+    with pytest.raises(ValueError, match="slower_in_steps='merge-reductions' must be a list of pass names"):
+        CostModel(slower_in_steps="merge-reductions")
+    with pytest.raises(ValueError, match="list of pass names"):
+        dataclasses.replace(CostModel(), slower_in_steps=("",))
+    assert CostModel(slower_in_steps=["merge-reductions"]).slower_in_steps == ("merge-reductions",)
+    with pytest.raises(ValueError, match="unknown cost profile 'mine'"):
+        declare_slower_in_steps("mine", ())
 
 
 def test_load_errors_name_the_file(tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from support.ir_text import assert_round_trips, run
 
 import redist_opt
-from redist_opt.ir import layout as L
+from redist_opt.ir.layout_algebra import FlatLayout
 from redist_opt.ir.parse import IRParseError, parse_ir
 from redist_opt.ir.text import format_graph, format_ir
 from redist_opt.passes import DEFAULT_PIPELINE
@@ -122,8 +122,8 @@ def test_mesh_facts_round_trip():
     spec = redist_opt.MeshSpec(
         (2, 4),
         None,
-        flattened=(L.FlatLayout((4, 2), (2, 1)),),
-        dim_layouts=(L.FlatLayout((2,), (1,)), L.FlatLayout((4,), (2,))),
+        flattened=(FlatLayout((4, 2), (2, 1)),),
+        dim_layouts=(FlatLayout((2,), (1,)), FlatLayout((4,), (2,))),
         backend="gloo",
     )
     p = redist_opt.plan(spec, "S(0),S(1)", "R,R", shape=(5, 7))

@@ -50,7 +50,7 @@ def _ppr_and_prp(ctx, mesh, out, shape=(4, 6)):
 def group_creation_fails_on_rank_1(ctx):
     """(e) ``P,P,R -> R,R,R`` and ``P,R,P -> R,S(0),R`` on 2x2x2 under groups="create":
     creating a merged group raises on rank 1 only (optimized run)."""
-    from redist_opt.ir import layout
+    from redist_opt.runtime import flattened_meshes
 
     mesh = init_device_mesh("cpu", (2, 2, 2))
     if not ctx.reference and ctx.rank == 1:
@@ -58,7 +58,7 @@ def group_creation_fails_on_rank_1(ctx):
         def refuse(*args, **kwargs):
             raise RuntimeError("injected: this rank cannot create a communicator")
 
-        layout.create_flattened_mesh = refuse
+        flattened_meshes.create_flattened_mesh = refuse
     with ctx.redistribution():
         return _ppr_and_prp(ctx, mesh, {})
 

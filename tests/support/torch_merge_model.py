@@ -52,6 +52,7 @@ from redist_opt.ir import symbolic as sym
 from redist_opt.ir.lower import lower_steps
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.ir.plan import Plan
+from redist_opt.torch_api import mesh as tm
 
 __all__ = [
     "TorchModel",
@@ -73,7 +74,7 @@ def torch_flattened_layouts(device_mesh) -> frozenset:
     """Collapsed layouts of the flattened meshes torch's merge pass can find
     (``root._flatten_mapping``): not the world group, not the root's own dims, as the
     IR's layouts (read through redist_opt's mesh boundary, on every torch of the range)."""
-    return layout.flatten_mapping_layouts(device_mesh)
+    return layout.flatten_mapping_layouts(tm.internals(device_mesh))
 
 
 def _layouts_of(mesh: MeshSpec, flattened) -> frozenset:
