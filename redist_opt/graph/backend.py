@@ -51,6 +51,7 @@ from redist_opt.torch_api import functorch, inductor
 from redist_opt.torch_api import mesh as tm
 from redist_opt.torch_api.c10d import FUNCTIONAL_NAMESPACES
 from redist_opt.torch_api.tracing import op_name
+from redist_opt.torch_api.version import TorchAPIError
 
 __all__ = [
     "backend",
@@ -328,6 +329,8 @@ def _group_labels() -> dict[str, str]:
                 labels.setdefault(
                     L.group_name(flat), f"mesh dims {what} of mesh {shape} (flattened {flat_name})"
                 )
+        except TorchAPIError:  # a private torch name that moved: loud, as everywhere
+            raise
         except Exception:  # noqa: BLE001 - a label is a courtesy; never fail a compile for it
             continue
     return labels

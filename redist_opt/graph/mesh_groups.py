@@ -28,6 +28,7 @@ from redist_opt.ir import layout as L
 from redist_opt.ir.mesh import MeshSpec
 from redist_opt.runtime.mesh_facts import MeshFacts, live_meshes, mesh_facts, scanned_full_views
 from redist_opt.torch_api.c10d import process_group_ranks
+from redist_opt.torch_api.version import TorchAPIError
 
 __all__ = ["MeshContext", "GivenMeshes", "mesh_contexts", "resolve_group_name"]
 
@@ -253,6 +254,8 @@ def resolve_group_name(name, contexts: Sequence[MeshContext], cache: dict):
         return cache[name]
     try:
         ranks = process_group_ranks(name)
+    except TorchAPIError:  # a private torch name that moved: loud, never a reason
+        raise
     except Exception as e:  # noqa: BLE001 - an unknown name is a reason, not a crash
         cache[name] = f"group {name!r} does not resolve to a process group ({type(e).__name__})"
         return cache[name]

@@ -190,6 +190,24 @@ def test_a_pass_error_not_the_planners_own_propagates(mesh24, monkeypatch, error
         aot_function(replicate_then_shard(mesh24), fw_compiler=fw)(torch.ones(8, 4))
 
 
+def test_a_moved_private_name_is_never_a_missing_label_or_an_unresolved_group(mesh24, monkeypatch):
+    # The dumps' group labels and the graph pass's group-name resolution turn other failures
+    # into "no label" and a reason; a private torch name that moved propagates from both.
+    from redist_opt.graph import backend, mesh_groups
+    from redist_opt.torch_api.version import TorchAPIError
+
+    def moved(*args, **kwargs):
+        raise TorchAPIError("redist_opt needs torch's private name torch.x._y")
+
+    assert backend._group_labels()  # mesh24's dims are labelled
+    monkeypatch.setattr(backend.L, "group_name", moved)
+    with pytest.raises(TorchAPIError, match="torch.x._y"):
+        backend._group_labels()
+    monkeypatch.setattr(mesh_groups, "process_group_ranks", moved)
+    with pytest.raises(TorchAPIError, match="torch.x._y"):
+        mesh_groups.resolve_group_name("some group", [], {})
+
+
 def test_bad_arguments(mesh24):
     with pytest.raises(ValueError, match="inner='jit'"):
         compiler_fn(inner="jit")
