@@ -60,7 +60,7 @@ def test_what_the_step_frees_of_the_step_before_it_is_counted():
 
 def test_a_thread_the_profiler_does_not_follow_is_missed():
     # the profiler records on threads that carry its thread-local state (the caller's, and
-    # gloo's work threads, which c10d starts with it: tests/multiproc/test_memory_gloo.py);
+    # gloo's work threads, which c10d starts with it; docs/memory.md);
     # a plain Python thread the step starts is not one of them (docs/memory.md)
     import threading
 
