@@ -88,3 +88,22 @@ def test_the_statistic_is_the_least_per_rank_then_the_most_over_ranks():
     assert summary["bytes"] == 100 and summary["per_rank"] == per_rank
     assert summary["spread"] == pytest.approx(40 / 90)  # rank 1: (130 - 90) / 90
     assert memory.peak_summary([[0, 0]])["spread"] == 0.0
+
+
+def test_memory_rounds_measure_every_step_per_round_in_the_interleaved_order():
+    # under the test session's default group (the fake backend: its barrier returns at once)
+    from redist_opt.measure import interleaved_memory_rounds
+
+    ran: list = []
+
+    def step(name: str, nbytes: int):
+        def run():
+            ran.append(name)
+            held = torch.empty(nbytes // 4)
+            del held
+
+        return run
+
+    peaks = interleaved_memory_rounds({"a": step("a", A), "b": step("b", B)}, 2)
+    assert peaks == {"a": [A, A], "b": [B, B]}
+    assert ran == ["a", "a", "b", "b", "b", "b", "a", "a"]  # a lead-in and the measured step each
