@@ -17,8 +17,10 @@ Tune (every rank), then restart with the profile::
 
 The second command times torch's compiled step, ``redist_opt.backend()`` untuned and
 ``redist_opt.backend(cost="tuned.json")`` in interleaved rounds (``--rounds``) and prints
-each one's ratio to torch with its 95% interval. Sizes: ``TUNE_TP_DIM`` (default 256),
-``TUNE_TP_SEQ`` (default 64) and ``TUNE_TP_BATCH`` (default 4) in the environment.
+each one's ratio to torch with its 95% interval, then measures each one's peak bytes per step
+in ``--memory-rounds`` interleaved memory rounds (docs/memory.md) and prints them. Sizes:
+``TUNE_TP_DIM`` (default 256), ``TUNE_TP_SEQ`` (default 64) and ``TUNE_TP_BATCH`` (default 4)
+in the environment.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 
 import redist_opt
 from redist_opt.graph.backend import INNER_COMPILERS
-from redist_opt.measure import interleaved_step_times, wall_stats
+from redist_opt.measure import interleaved_step_peaks, interleaved_step_times, memory, wall_stats
 
 GROUPS = "create"
 
@@ -126,6 +128,7 @@ def main() -> None:
     parser.add_argument("--profile", required=True, help="the profile redist-opt tune wrote")
     parser.add_argument("--compiler", choices=("eager", *INNER_COMPILERS), default="inductor")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--memory-rounds", type=int, default=3)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     compiler = None if args.compiler == "eager" else args.compiler
@@ -139,6 +142,7 @@ def main() -> None:
         for _ in range(2):
             steps[name]()
     slowest = interleaved_step_times(steps, args.rounds)
+    peaks = interleaved_step_peaks(steps, args.memory_rounds) if args.memory_rounds > 0 else {}
     if dist.get_rank() == 0:
         print(f"{args.rounds} interleaved rounds, {dist.get_world_size()} ranks, {args.compiler}")
         for name in ("untuned", "tuned"):
@@ -148,6 +152,11 @@ def main() -> None:
         c = wall_stats.compare(slowest["untuned"], slowest["tuned"])
         lo, hi = c["interval"]
         print(f"  untuned/tuned  {c['ratio']:.3f}x [{lo:.3f}, {hi:.3f}]  {c['verdict']}")
+        if peaks:
+            print(f"peak bytes per step, {args.memory_rounds} memory rounds ({memory.RULE}):")
+        for name, per_rank in peaks.items():
+            summary = memory.peak_summary(per_rank)
+            print(f"  {name:<8} {summary['bytes']:>12,} B  (spread {summary['spread']:.0%})")
     dist.destroy_process_group()
 
 

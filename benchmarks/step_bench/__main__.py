@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=30, help="--wall: timed rounds, one step per variant each (default 30)"
     )
     p.add_argument(
+        "--memory-rounds",
+        type=int,
+        default=3,
+        help="--wall: rounds of each variant's peak bytes after the timed ones, 0: none (default 3; "
+        "docs/memory.md)",
+    )
+    p.add_argument(
         "--tune-rounds",
         type=int,
         default=0,

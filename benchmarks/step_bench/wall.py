@@ -14,7 +14,11 @@ backend-match guard); Inductor's FX graph cache and AOTAutograd's cache are turn
 (``torch_api.inductor.separate_compiles``) so that the two compiles can never share an
 artifact. Every variant first runs its warm-up steps (the compiles happen there); then
 rounds of one step per variant (:func:`redist_opt.measure.interleaved_rounds`, the loop
-``redist_opt.tune`` times its variants with), each step after a barrier.
+``redist_opt.tune`` times its variants with), each step after a barrier; then
+``memory_rounds`` rounds of each variant's peak bytes
+(:func:`redist_opt.measure.interleaved_memory_rounds`: a lead-in step, a collection, a
+barrier and the measured step under the allocator's counter; rounds of their own, since the
+profiler costs time; docs/memory.md).
 Afterwards every variant runs one step under the collective counter (the count shows
 each side ran its own graphs) and a few steps under the profiler (the communication share).
 
@@ -49,7 +53,7 @@ from benchmarks.step_bench import wire
 from benchmarks.step_bench.worker import build_training, train_step
 from redist_opt.graph.backend import INNER_COMPILERS
 from redist_opt.graph_pass import GraphRewrites
-from redist_opt.measure import format_result, interleaved_rounds, wall_stats
+from redist_opt.measure import format_result, interleaved_memory_rounds, interleaved_rounds, wall_stats
 from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.torch_api import inductor
 
@@ -90,9 +94,10 @@ def run_wall(
     warmup: int,
     tune_rounds: int = 0,
     ablate: tuple = (),
+    memory_rounds: int = 0,
 ) -> dict:
-    """Spawned target: this rank's step times per variant, collectives per step, and the
-    communication share of profiled steps."""
+    """Spawned target: this rank's step times and peak bytes per variant, collectives per
+    step, and the communication share of profiled steps."""
     stubbed = M.import_torchtitan()
     logging.getLogger("redist_opt").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="DTensor random operators")
@@ -111,6 +116,7 @@ def run_wall(
             "stubbed": stubbed,
             "errors": {},
             "walls": {},
+            "peaks": {},
             "collectives": {},
             "comm": {},
             "tuning": {},
@@ -150,7 +156,10 @@ def run_wall(
                     step(name)
                 live.append(name)
         out["order"] = wall_stats.interleaved_order(live, rounds)
-        out["walls"] = interleaved_rounds({name: functools.partial(step, name) for name in live}, rounds)
+        steps = {name: functools.partial(step, name) for name in live}
+        out["walls"] = interleaved_rounds(steps, rounds)
+        if memory_rounds:
+            out["peaks"] = interleaved_memory_rounds(steps, memory_rounds)
         for name in live:
             counter = wire.WireCounter()
             with counter:

@@ -9,7 +9,7 @@ import time
 
 from benchmarks.step_bench.model import StepConfig
 from benchmarks.step_bench.wall import COMPILERS, PROFILE_STEPS, run_wall
-from redist_opt.measure import wall_stats
+from redist_opt.measure import memory, wall_stats
 
 # Where communication is a real share of the step: 4 ranks (2 per core). TP's share falls as
 # the hidden size grows (its collectives carry activations, ~dim, its matmuls cost ~dim^2);
@@ -33,6 +33,7 @@ def run_wall_bench(
     timeout: float,
     tune_rounds: int = 0,
     ablate: tuple = (),
+    memory_rounds: int = 0,
     log=print,
 ) -> list:
     """Every config's :func:`summarize` result, one spawned job per config."""
@@ -45,7 +46,7 @@ def run_wall_bench(
         ranks = run_ranks(
             run_wall,
             cfg.world,
-            (cfg, tuple(compilers), rounds, warmup, tune_rounds, tuple(ablate)),
+            (cfg, tuple(compilers), rounds, warmup, tune_rounds, tuple(ablate), memory_rounds),
             timeout=timeout,
         )
         results.append(summarize(cfg, ranks))
@@ -55,8 +56,9 @@ def run_wall_bench(
 
 def summarize(cfg: StepConfig, ranks: list) -> dict:
     """Per compiler: both sides' median step (slowest rank per step), the ratio torch/ours
-    with its bootstrap interval and verdict, the communication share of each side, and the
-    collectives per step."""
+    with its bootstrap interval and verdict, the communication share of each side, the
+    collectives per step, and (with memory rounds) each side's peak bytes
+    (:func:`redist_opt.measure.memory.peak_summary`)."""
     r0 = ranks[0]
     rows = []
     compilers = dict.fromkeys(name.split("/")[0] for name in [*r0["walls"], *r0["errors"]])
@@ -89,6 +91,11 @@ def summarize(cfg: StepConfig, ranks: list) -> dict:
             collectives_ours=r0["collectives"][o_name]["count"],
             walls={"torch": t, "ours": o},
         )
+        if o_name in r0.get("peaks", {}):
+            row["peaks"] = {
+                side_name: memory.peak_summary([r["peaks"][name] for r in ranks])
+                for side_name, name in (("torch", t_name), ("ours", o_name))
+            }
         if side == "tuned" and f"{compiler}/ours" in r0["walls"]:
             # the tuned profile against the untuned default, from the same rounds
             untuned = wall_stats.per_step_max([r["walls"][f"{compiler}/ours"] for r in ranks])
@@ -103,23 +110,32 @@ def _share(ranks: list, name: str) -> float:
 def format_markdown(results: list) -> str:
     head = (
         "| config | compiler | torch ms | ours ms | torch/ours [95% CI] | verdict | comm share torch / ours "
-        "| collectives torch -> ours |"
+        "| collectives torch -> ours | peak KiB torch / ours |"
     )
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for res in results:
         for r in res["rows"]:
             if r["errors"]:
                 failed = "; ".join(f"{n}: {e[:100]}" for n, e in r["errors"].items())
-                lines.append(f"| {r['config']} | {r['compiler']} | | | FAILED | {failed} | | |")
+                lines.append(f"| {r['config']} | {r['compiler']} | | | FAILED | {failed} | | | |")
                 continue
             lo, hi = r["interval"]
             lines.append(
                 f"| {r['config']} | {r['compiler']} | {r['torch_ms']:.1f} | {r['ours_ms']:.1f} "
                 f"| {r['ratio']:.3f}x [{lo:.3f}, {hi:.3f}] | {r['verdict']} "
                 f"| {r['comm_torch']:.0%} / {r['comm_ours']:.0%} "
-                f"| {r['collectives_torch']} -> {r['collectives_ours']} |"
+                f"| {r['collectives_torch']} -> {r['collectives_ours']} | {_peaks(r)} |"
             )
     return "\n".join(lines)
+
+
+def _peaks(row: dict) -> str:
+    """Both sides' peak (KiB) and the larger spread between rounds; blank without memory rounds."""
+    if "peaks" not in row:
+        return ""
+    torch_peak, ours_peak = row["peaks"]["torch"], row["peaks"]["ours"]
+    spread = max(torch_peak["spread"], ours_peak["spread"])
+    return f"{torch_peak['bytes'] / 1024:,.0f} / {ours_peak['bytes'] / 1024:,.0f} (spread {spread:.0%})"
 
 
 def _commit() -> str | None:
@@ -151,6 +167,7 @@ def cmd_wall(args, configs: list) -> int:
             timeout=args.timeout,
             tune_rounds=args.tune_rounds,
             ablate=tuple(args.ablate or ()),
+            memory_rounds=args.memory_rounds,
             log=lambda s: print(s, flush=True),
         )
     except SpawnError as e:
@@ -161,7 +178,8 @@ def cmd_wall(args, configs: list) -> int:
         "a step's time is its slowest rank's; ratio = median(torch) / median(ours), > 1: ours faster; "
         f"interval: paired bootstrap ({wall_stats.BOOTSTRAP_SAMPLES} resamples of rounds); "
         "comm share: time with a gloo collective in flight / step, "
-        f"median of {PROFILE_STEPS} profiled steps on every rank.\n"
+        f"median of {PROFILE_STEPS} profiled steps on every rank; peak: {memory.RULE} "
+        f"({args.memory_rounds} memory rounds; docs/memory.md).\n"
     )
     print(format_markdown(results))
     for res in results:
@@ -202,6 +220,7 @@ def cmd_wall(args, configs: list) -> int:
                     "torch": torch.__version__,
                     "rounds": args.rounds,
                     "warmup": args.warmup,
+                    "memory_rounds": args.memory_rounds,
                     "results": results,
                 },
                 f,

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-__all__ = ["Clock", "step_clock"]
+__all__ = ["Clock", "step_clock", "step_device"]
 
 
 class Clock:
@@ -41,10 +41,18 @@ class Clock:
         return token.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
 
 
-def step_clock() -> Clock:
-    """The clock of the steps this process has run: events on the current CUDA stream once
-    a step has used CUDA (NCCL's kernels run after the host returns), else the host clock
-    (a CPU step on a machine that has a GPU is timed on the host, where it ran)."""
+def step_device() -> torch.device:
+    """Where the steps this process has run live: the current CUDA device once a step has
+    used CUDA, else the CPU (a CPU step on a machine that has a GPU ran on the host). What a
+    step is timed on (:func:`step_clock`) and whose allocator its peak memory is read from
+    (:mod:`redist_opt.measure.memory`)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return Clock(torch.device("cuda", torch.cuda.current_device()))
-    return Clock()
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def step_clock() -> Clock:
+    """The clock of the steps this process has run (:func:`step_device`): events on the
+    current CUDA stream once a step has used CUDA (NCCL's kernels run after the host
+    returns), else the host clock."""
+    return Clock(step_device())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from redist_opt.ir.cost import CostModel
-from redist_opt.measure import wall_stats
+from redist_opt.measure import memory, wall_stats
 
 __all__ = ["Decision", "TuneResult", "decide", "format_result", "TORCH", "OURS", "WITHOUT"]
 
@@ -72,10 +72,17 @@ class TuneResult:
     steps: int
     seconds: float
     compiles: int
+    # variant -> every rank's peak bytes per memory round (rank order); empty: no memory rounds
+    peaks: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)
+
+    def peak(self, variant: str) -> int | None:
+        """The variant's peak bytes by :func:`~redist_opt.measure.memory.peak_statistic`
+        (None: memory was not measured)."""
+        return memory.peak_statistic(self.peaks[variant]) if variant in self.peaks else None
 
 
 def decide(times: dict[str, list[float]], candidates, left_out_before=()) -> tuple[Decision, ...]:
-    """The decisions of the rule (module docstring, step 4) from the slowest-rank times per
+    """The decisions of the rule (``redist_opt.measure.tuning``, step 5) from the slowest-rank times per
     round of ``ours`` and each ``ours without <candidate>``; ``left_out_before``: the rewrites
     the base profile leaves out. A pure function of its input."""
     out = []
@@ -120,6 +127,13 @@ def format_result(result: TuneResult) -> str:
             "  (the decisions drop several rewrites together, a variant not measured here: "
             "restart with the profile and compare against torch)"
         )
+    if result.peaks:
+        rounds = len(next(iter(result.peaks.values()))[0])
+        head = f"peak bytes (least of {rounds} memory rounds, most over ranks)   spread"
+        lines.append(f"  {'variant':<40} {head}")
+        for name, per_rank in result.peaks.items():
+            summary = memory.peak_summary(per_rank)
+            lines.append(f"  {name:<40} {summary['bytes']:>14,}{'':<39}{summary['spread']:.0%}")
     dropped = [d.rewrite for d in result.decisions if not d.keep]
     lines.append(f"  left out under the profile: {', '.join(dropped) or 'none'} (measured)")
     if result.not_judged:

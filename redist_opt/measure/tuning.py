@@ -49,7 +49,13 @@ What it runs, on every rank, in this order:
    after a barrier and is timed by :func:`~redist_opt.measure.clock.step_clock` (host
    clock on CPU; events on the current stream, synchronized, on a GPU, which sees NCCL's
    kernels where the host sees launches).
-4. **The rule** (:func:`~redist_opt.measure.decisions.decide`, over ``wall_stats``): the
+4. **Memory rounds**: ``memory_rounds`` rounds (default 3, 0: none), interleaved the same
+   way, of each variant's peak bytes (:func:`~redist_opt.measure.rounds.interleaved_step_peaks`:
+   a lead-in step, ``gc.collect()``, a barrier, the measured step under the allocator's
+   counter, docs/memory.md). Rounds of their own: the profiler the CPU figure is read from
+   costs time, so no timed step is a profiled one. The peaks are recorded and printed beside
+   the times; they decide nothing yet.
+5. **The rule** (:func:`~redist_opt.measure.decisions.decide`, over ``wall_stats``): the
    ranks gather their times; a step takes as long as its slowest rank; per candidate, the
    ratio median(step without it) / median(step with it) and its paired-bootstrap 95%
    interval. A measurement changes the base profile's
@@ -59,10 +65,10 @@ What it runs, on every rank, in this order:
    the noise the base's decision stands, so a short tuning run cannot overturn a decision
    measured with more rounds. Every rank computes this from the same gathered times with a
    seeded bootstrap, so every rank decides the same, however differently its own clock ran.
-5. **The profile**: the base profile with ``slower_in_steps`` = the dropped rewrites, plus
+6. **The profile**: the base profile with ``slower_in_steps`` = the dropped rewrites, plus
    the base's exclusions of passes that rewrote nothing in this step (the step cannot
    judge them), and under ``calibration["tune"]`` the measurements: per variant the step
-   times, per candidate the ratio, interval and decision, the torch version, backend,
+   times and peak bytes, per candidate the ratio, interval and decision, the torch version, backend,
    world size, meshes, rounds, steps and seconds. ``backend(cost=path)`` and
    ``enabled(cost=path)`` load it; the plan and compile caches key on the profile's
    contents. Every rank writes the same bytes.
@@ -71,9 +77,10 @@ Per rewrite *kind* (pass), not per instance: one variant per instance would mult
 steps, and on the shared machines this was built on a single instance's effect is inside
 the noise of a step.
 
-What it costs: ``(2 + candidates) * (warmup + rounds)`` steps (the first ``warmup`` of them
-find the candidates), and with a compiler ``2 + candidates`` compiles of the step
-(``TuneResult.steps``, ``TuneResult.compiles``, ``TuneResult.seconds``).
+What it costs: ``(2 + candidates) * (warmup + rounds + 2 * memory_rounds)`` steps (the
+first ``warmup`` of them find the candidates; a memory measurement runs two), and with a
+compiler ``2 + candidates`` compiles of the step (``TuneResult.steps``,
+``TuneResult.compiles``, ``TuneResult.seconds``).
 """
 
 from __future__ import annotations
@@ -102,9 +109,10 @@ from redist_opt.ir.c10d_backends import world_backend
 from redist_opt.ir.cost import CostModel, load_profile
 from redist_opt.ir.placements import RedistributeError
 from redist_opt.ir.text import mesh_str
-from redist_opt.measure import wall_stats
+from redist_opt.measure import memory, wall_stats
+from redist_opt.measure.clock import step_device
 from redist_opt.measure.decisions import OURS, TORCH, WITHOUT, TuneResult, decide
-from redist_opt.measure.rounds import interleaved_step_times
+from redist_opt.measure.rounds import interleaved_step_peaks, interleaved_step_times
 from redist_opt.passes import DEFAULT_PIPELINE
 from redist_opt.torch_api import inductor
 
@@ -124,6 +132,7 @@ def tune(
     base: CostModel | str | None = None,
     groups="existing",
     route_outside_compiled: bool = True,
+    memory_rounds: int = 3,
 ) -> TuneResult:
     """Time the job's step with each rewrite on and off, decide, agree, and write a cost
     profile to ``path`` (see the module docstring). Every rank of the default group calls
@@ -140,8 +149,9 @@ def tune(
     redistributions outside the compiled region (an eager optimizer step reducing the
     gradients, a loss's ``full_tensor``) are ours too; the restarted job then runs its step
     inside ``enabled(cost=path)`` as well as compiling with ``backend(cost=path)``. False:
-    only the compiled region is ours, as in a job that compiles with ``backend()`` alone."""
-    rounds, warmup = _check(make_step, compiler, rounds, warmup)
+    only the compiled region is ours, as in a job that compiles with ``backend()`` alone.
+    ``memory_rounds``: rounds of each variant's peak bytes after the timed ones (0: none)."""
+    rounds, warmup, memory_rounds = _check(make_step, compiler, rounds, warmup, memory_rounds)
     if not dist.is_initialized():
         raise RedistributeError("tune: no process group: call torch.distributed.init_process_group first")
     if active_options() is not None:
@@ -179,7 +189,9 @@ def tune(
         for name in variants:
             for _ in range(warmup if name != OURS else 0):
                 runs.run(name)
-        times = interleaved_step_times({name: functools.partial(runs.run, name) for name in variants}, rounds)
+        steps = {name: functools.partial(runs.run, name) for name in variants}
+        times = interleaved_step_times(steps, rounds)
+        peaks = interleaved_step_peaks(steps, memory_rounds) if memory_rounds else {}
     decisions = decide(times, candidates, base_model.slower_in_steps)
     dropped = {d.rewrite for d in decisions if not d.keep}
     unjudged = set(base_model.slower_in_steps) - set(candidates)
@@ -209,6 +221,7 @@ def tune(
         steps=runs.steps,
         seconds=seconds,
         compiles=runs.compiles,
+        peaks=peaks,
     )
     settings = {
         "compiler": compiler if compiler is None or isinstance(compiler, str) else repr(compiler),
@@ -216,6 +229,7 @@ def tune(
         "route_outside_compiled": route_outside_compiled if compiler is not None else None,
         "rounds": rounds,
         "warmup": warmup,
+        "memory_rounds": memory_rounds,
     }
     record = _record(result, base_model, backend_name, meshes, settings, created)
     model.save(path, calibration={**_earlier_calibration(base), TUNE_KEY: record})
@@ -223,17 +237,21 @@ def tune(
     return result
 
 
-def _check(make_step, compiler, rounds, warmup) -> tuple[int, int]:
+def _check(make_step, compiler, rounds, warmup, memory_rounds) -> tuple[int, int, int]:
     if not callable(make_step):
         raise RedistributeError(f"tune: make_step={make_step!r} is not callable (a function of the backend)")
     try:
         check_inner(compiler, allow_none=True)  # None: the eager step
     except (TypeError, ValueError) as e:
         raise RedistributeError(f"tune: compiler={compiler!r}: {e}") from None
-    for name, value, least in (("rounds", rounds, 2), ("warmup", warmup, 1)):
+    for name, value, least in (
+        ("rounds", rounds, 2),
+        ("warmup", warmup, 1),
+        ("memory_rounds", memory_rounds, 0),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise RedistributeError(f"tune: {name}={value!r}: expected an integer >= {least}")
-    return rounds, warmup
+    return rounds, warmup, memory_rounds
 
 
 class _Runs:
@@ -334,4 +352,7 @@ def _record(result: TuneResult, base_model, backend_name, meshes, settings: dict
         "tuned_variant": result.tuned_variant,
         "times": result.times,
         "times_sha256": hashlib.sha256(json.dumps(result.times).encode()).hexdigest(),
+        "memory_device": step_device().type,
+        "memory_rule": memory.RULE,
+        "peaks": {name: memory.peak_summary(per_rank) for name, per_rank in result.peaks.items()},
     }

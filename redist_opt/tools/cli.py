@@ -355,6 +355,12 @@ def _add_tune_arguments(p) -> None:
     )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (default 2)")
     p.add_argument(
+        "--memory-rounds",
+        type=int,
+        default=3,
+        help="rounds of each variant's peak bytes after the timed ones, 0: none (default 3; docs/memory.md)",
+    )
+    p.add_argument(
         "--base",
         metavar="PROFILE",
         help="the profile whose decisions are tuned (a file or a built-in name); default: "

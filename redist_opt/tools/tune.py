@@ -57,6 +57,7 @@ def cmd_tune(args) -> int:
             compiler=compiler,
             rounds=args.rounds,
             warmup=args.warmup,
+            memory_rounds=args.memory_rounds,
             base=args.base,
             groups=args.groups,
             route_outside_compiled=not args.compiled_region_only,

@@ -92,6 +92,25 @@ def test_summary_table_prints_ratio_interval_verdict_and_share():
     assert "FAILED | eager/ours: RuntimeError: boom" in format_markdown([failed])
 
 
+def test_the_summary_has_each_sides_peak_by_the_statistic_beside_its_time():
+    cfg = StepConfig("tp_classic", 1, 1, 4, dim=512)
+    t = [0.2 + 0.001 * (i % 3) for i in range(30)]
+    ranks = [_rank(t, t), _rank(t, t)]
+    # per rank and round: torch 2 MiB on rank 0 and 3 MiB (at least) on rank 1; ours 2 MiB
+    mib = 1024 * 1024
+    ranks[0]["peaks"] = {"eager/torch": [2 * mib, 2 * mib], "eager/ours": [2 * mib, 2 * mib]}
+    ranks[1]["peaks"] = {"eager/torch": [3 * mib, 4 * mib], "eager/ours": [2 * mib, 2 * mib]}
+    [row] = summarize(cfg, ranks)["rows"]
+    assert (row["peaks"]["torch"]["bytes"], row["peaks"]["ours"]["bytes"]) == (3 * mib, 2 * mib)
+    assert row["peaks"]["torch"]["per_rank"] == [[2 * mib, 2 * mib], [3 * mib, 4 * mib]]
+    assert "| 17 -> 11 | 3,072 / 2,048 (spread 33%) |" in format_markdown([summarize(cfg, ranks)])
+    # without memory rounds: no peaks, a blank column
+    [plain] = summarize(cfg, [_rank(t, t)])["rows"]
+    assert "peaks" not in plain and format_markdown([summarize(cfg, [_rank(t, t)])]).endswith(
+        "| 17 -> 11 |  |"
+    )
+
+
 def test_ablated_sides_follow_their_compilers_ours_and_turn_one_rewrite_off():
     names = variant_names(("eager", "inductor"), ("combine", "merge-reductions"))
     assert names == [

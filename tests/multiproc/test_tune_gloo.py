@@ -34,8 +34,8 @@ def test_tuning_the_eager_step_writes_one_profile_every_rank_follows(tmp_path):
     # the restarted step runs the decision: one all_reduce over both dims, or torch's two
     assert results[0]["after"]["counts"] == {"c10d_functional.all_reduce": 1 if keep else 2}
     assert results[0]["after"]["out"] == [[10.0] * 8] * 16  # 1 + 2 + 3 + 4 on every element
-    # (2 variants + 1 candidate) * (1 warm-up + 8 rounds)
-    assert results[0]["steps"] == 27
+    # (2 variants + 1 candidate) * (1 warm-up + 8 rounds + 2 steps in each of 3 memory rounds)
+    assert results[0]["steps"] == 45
     with open(path) as f:
         profile = json.load(f)
     record = profile["calibration"]["tune"]
@@ -50,6 +50,13 @@ def test_tuning_the_eager_step_writes_one_profile_every_rank_follows(tmp_path):
     assert [d["rewrite"] for d in record["decisions"]] == [tune_programs.MERGE]
     assert set(record["times"]) == {"torch", "ours", f"ours without {tune_programs.MERGE}"}
     assert all(len(ts) == 8 for ts in record["times"].values())
+    # every variant's peak bytes, from every rank's 3 memory rounds; the step holds at least
+    # its result (16 x 8 float32) and the buffers of its all_reduces
+    assert record["memory_rounds"] == 3 and record["memory_device"] == "cpu"
+    assert set(record["peaks"]) == set(record["times"])
+    for peak in record["peaks"].values():
+        assert len(peak["per_rank"]) == 4 and all(len(r) == 3 for r in peak["per_rank"])
+        assert peak["bytes"] == max(min(r) for r in peak["per_rank"]) >= 16 * 8 * 4
     assert (tune_programs.MERGE in profile["model"]["slower_in_steps"]) is (not keep)
 
 

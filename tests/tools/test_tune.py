@@ -9,8 +9,9 @@ import pytest
 import torch.distributed as dist
 
 import redist_opt
+from redist_opt.ir.cost import CostModel
 from redist_opt.ir.placements import RedistributeError
-from redist_opt.measure.decisions import OURS, TORCH, decide
+from redist_opt.measure.decisions import OURS, TORCH, TuneResult, decide, format_result
 from redist_opt.tools import cli
 from redist_opt.tools.args import CliError
 from redist_opt.tools.tune import load_factory
@@ -96,12 +97,41 @@ def test_the_decisions_are_a_function_of_the_times_alone():
     assert decide(times, ["merge-reductions"]) == decide(dict(reversed(times.items())), ["merge-reductions"])
 
 
+def _result(peaks: dict) -> TuneResult:
+    times = _times(1.0, merge_reductions=1.0)
+    return TuneResult(
+        path="p.json",
+        model=CostModel(),
+        decisions=decide(times, ["merge-reductions"]),
+        times=times,
+        against_torch={},
+        tuned_variant=OURS,
+        not_judged=(),
+        steps=45,
+        seconds=1.0,
+        compiles=0,
+        peaks=peaks,
+    )
+
+
+def test_each_variants_peak_is_the_statistic_and_the_summary_prints_it_with_its_spread():
+    peaks = {TORCH: [[1_000, 1_200, 1_100], [900, 950, 990]], OURS: [[800, 800, 880], [1_000, 1_000, 1_000]]}
+    result = _result(peaks)
+    assert (result.peak(TORCH), result.peak(OURS), result.peak(_WITHOUT + "x")) == (1_000, 1_000, None)
+    text = format_result(result)
+    assert "peak bytes (least of 3 memory rounds, most over ranks)" in text
+    assert f"  {TORCH:<40} {1_000:>14,}{'':<39}20%" in text  # rank 0: (1,200 - 1,000) / 1,000
+    assert f"  {OURS:<40} {1_000:>14,}{'':<39}10%" in text
+    assert "peak bytes" not in format_result(_result({}))  # no memory rounds, no table
+
+
 @pytest.mark.parametrize(
     "kwargs, named",
     [
         ({"rounds": 1}, "rounds=1"),
         ({"rounds": 2.5}, "rounds=2.5"),
         ({"warmup": 0}, "warmup=0"),
+        ({"memory_rounds": -1}, "memory_rounds=-1"),
         ({"compiler": "cudagraphs"}, "compiler='cudagraphs'"),
     ],
 )
