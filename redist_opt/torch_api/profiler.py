@@ -23,13 +23,13 @@ import contextlib
 from torch.autograd.profiler_util import MEMORY_EVENT_NAME
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from redist_opt.torch_api.version import PrivateName
+from redist_opt.torch_api.version import PrivateName, resolve_declared
 
 __all__ = ["PRIVATE_NAMES", "memory_profile", "marked", "allocations_in", "CPU_ALLOCATOR_DEVICES"]
 
 _NBYTES = PrivateName("torch._C._autograd", "_KinetoEvent.nbytes")
 PRIVATE_NAMES = (_NBYTES,)
-_NBYTES.get()  # loud at import: the size of a record is read through this method
+resolve_declared(PRIVATE_NAMES)  # loud at import: the size of a record is read through this method
 
 # The device types whose records torch counts as CPU memory (``autograd.profiler``'s
 # ``_cpu_memory_usage``): the CPU allocator, and oneDNN's tensors allocated through it.
