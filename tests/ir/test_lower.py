@@ -8,8 +8,9 @@ without its cache), run under ``LocalTensorMode`` so that its logical shapes
 hold every simulated rank's value.
 
 For every differential case (``support.cases.all_cases``, the case list of
-test_differential.py; dtype and API route do not reach the planner, so each
-(mesh, src, dst, shape) is planned once), both planners must
+test_differential.py; dtype and API route do not reach the planner, and both
+planners are given normalized placements, so each (mesh, src, dst, shape) is
+planned once, S(-1) and the dim it names being one request), both planners must
 
 * emit the same steps in the same order: mesh dim, source and destination
   placement of each;
@@ -36,15 +37,20 @@ from redist_opt.torch_api.dtensor import torch_plan_steps
 
 
 def _planner_cases() -> dict[tuple[str, str], list[tuple]]:
-    """(group, mesh) -> the distinct (src, dst, shape) of its differential cases."""
+    """(group, mesh) -> the distinct normalized (src, dst, shape) of its differential
+    cases: both planners are given normalized placements, so S(-1) and the dim it
+    names are one request."""
     out: dict[tuple[str, str], list[tuple]] = {}
     for group, cases in all_cases().items():
         for c in cases:
-            key = (c.src, c.dst, c.shape)
-            bucket = out.setdefault((group, c.mesh), [])
-            if key not in bucket:
-                bucket.append(key)
-    return out
+            key = (_normalized(c.src, c.shape), _normalized(c.dst, c.shape), c.shape)
+            bucket = out.setdefault((group, c.mesh), {})
+            bucket.setdefault(key)
+    return {k: list(v) for k, v in out.items()}
+
+
+def _normalized(placements, shape) -> tuple[str, ...]:
+    return tuple(pstr(normalize(parse_placement(p), len(shape))) for p in placements)
 
 
 CASES = _planner_cases()
@@ -101,8 +107,8 @@ def test_greedy_steps_match_torchs_planner(group, mesh_name):
         coords = mesh_coordinates(factory, lm)
         spec = MeshSpec.from_device_mesh(mesh)
         for src, dst, shape in CASES[group, mesh_name]:
-            src_p = [normalize(parse_placement(p), len(shape)) for p in src]
-            dst_p = [normalize(parse_placement(p), len(shape)) for p in dst]
+            src_p = [parse_placement(p) for p in src]
+            dst_p = [parse_placement(p) for p in dst]
             ours = _ours(spec, src_p, dst_p, shape, coords)
             theirs = _torch(mesh, src_p, dst_p, shape, coords)
             if ours != theirs and not (isinstance(ours, str) and isinstance(theirs, str)):

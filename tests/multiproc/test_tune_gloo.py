@@ -1,6 +1,7 @@
 """``redist_opt.tune`` on 4 gloo ranks: a step's rewrite decided by the step's times, the
 same decisions, profile bytes and collectives on every rank, and a skewed rank that
-changes nothing of that (programs: ``tests/support/tune_programs.py``)."""
+changes nothing of that (programs: ``tests/support/tune_programs.py``). The three
+tunings run one after the other on one start of the 4 ranks (``tune_each``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from redist_opt.tools.spawn import run_ranks
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not dist.is_gloo_available(), reason="torch built without gloo"),
+    pytest.mark.xdist_group("tune_gloo"),  # the tunings fixture: 4 gloo ranks, started once
 ]
+
+
+@pytest.fixture(scope="module")
+def tunings(tmp_path_factory):
+    """Every rank's result of each tuning, and the folder of the profiles they wrote."""
+    folder = tmp_path_factory.mktemp("tune_gloo")
+    results = run_ranks(tune_programs.tune_each, 4, (str(folder),), timeout=900)
+    return {name: [r[name] for r in results] for name in results[0]}, folder
 
 
 def _same_on_every_rank(results, *keys):
@@ -24,9 +34,9 @@ def _same_on_every_rank(results, *keys):
         assert all(r[key] == results[0][key] for r in results), key
 
 
-def test_tuning_the_eager_step_writes_one_profile_every_rank_follows(tmp_path):
-    path = str(tmp_path / "tuned.json")
-    results = run_ranks(tune_programs.tune_eager, 4, (path, -1, 0.0, 0.0), timeout=300)
+def test_tuning_the_eager_step_writes_one_profile_every_rank_follows(tunings):
+    by_name, folder = tunings
+    results, path = by_name["eager"], folder / "eager.json"
     _same_on_every_rank(results, "decisions", "digest", "slower_in_steps", "after", "times")
     (decision,) = results[0]["decisions"]
     rewrite, keep, ratio, interval = decision
@@ -60,11 +70,10 @@ def test_tuning_the_eager_step_writes_one_profile_every_rank_follows(tmp_path):
     assert (tune_programs.MERGE in profile["model"]["slower_in_steps"]) is (not keep)
 
 
-def test_a_rewrite_that_slows_the_step_is_dropped_on_every_rank_though_one_rank_is_late(tmp_path):
-    path = str(tmp_path / "tuned.json")
+def test_a_rewrite_that_slows_the_step_is_dropped_on_every_rank_though_one_rank_is_late(tunings):
     # rank 2 sleeps 10 ms in every step; every rank's step sleeps 30 ms more when it is
     # planned with the merge (the injected cost of the rewrite)
-    results = run_ranks(tune_programs.tune_eager, 4, (path, 2, 0.01, 0.03), timeout=300)
+    results = tunings[0]["skewed"]
     _same_on_every_rank(results, "decisions", "digest", "slower_in_steps", "after", "times")
     (decision,) = results[0]["decisions"]
     assert decision[:2] == (tune_programs.MERGE, False)
@@ -75,9 +84,8 @@ def test_a_rewrite_that_slows_the_step_is_dropped_on_every_rank_though_one_rank_
     assert min(min(ts) for ts in results[0]["times"].values()) >= 0.01
 
 
-def test_tuning_a_compiled_step_compiles_each_variant_and_the_restart_equals_torch(tmp_path):
-    path = str(tmp_path / "tuned.json")
-    results = run_ranks(tune_programs.tune_compiled, 4, (path,), timeout=600)
+def test_tuning_a_compiled_step_compiles_each_variant_and_the_restart_equals_torch(tunings):
+    results = tunings[0]["compiled"]
     _same_on_every_rank(results, "decisions", "digest")
     assert [name for name, _ in results[0]["decisions"]] == [tune_programs.MERGE]
     assert results[0]["compiles"] == 3  # torch, ours, ours without merge-reductions

@@ -321,7 +321,8 @@ def run_case(case: Case, **extra) -> Outcome:
 
 
 def oracle_only(case: Case) -> Outcome:
-    """Run only the oracle (+ sanity) for a case; used by the harness self-test."""
+    """Run only the oracle (+ sanity) for a case: the harness self-test, and the counts
+    of a case whose full comparison test_differential.py makes."""
     f = MESHES[case.mesh]
     ensure_fake_pg()
     src_p = [parse_placement(p) for p in case.src]

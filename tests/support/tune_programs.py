@@ -109,3 +109,15 @@ def tune_compiled(rank: int, world: int, path: str) -> dict:
         "equal_to_torch": torch.equal(restarted, reference),
         "out": restarted.tolist(),
     }
+
+
+def tune_each(rank: int, world: int, folder: str) -> dict:
+    """The three tunings of test_tune_gloo.py one after the other on one process group
+    (starting 4 gloo ranks costs more than a tuning): the eager step, the eager step with
+    rank 2 late by 10 ms and the merge costing 30 ms, and the compiled step, each writing
+    its own profile in ``folder``. Each builds its own mesh and step; their results by name."""
+    return {
+        "eager": tune_eager(rank, world, f"{folder}/eager.json", -1, 0.0, 0.0),
+        "skewed": tune_eager(rank, world, f"{folder}/skewed.json", 2, 0.01, 0.03),
+        "compiled": tune_compiled(rank, world, f"{folder}/compiled.json"),
+    }
