@@ -17,6 +17,9 @@ Legality:
 1. the steps are adjacent reductions (all_reduce or reduce_scatter) with the
    same reduce op, over pairwise disjoint mesh dims, and at least one is a
    reduce_scatter (a block of all_reduces alone is merge-reductions' rewrite);
+   a sum that merge-reductions made of sum and avg (a sum and a division by the
+   avg dims' sizes, ``avg_scale``) is a sum here, and the one all_reduce keeps
+   the product of the block's divisions;
    avg only on floating dtypes: on integers every avg reduction truncates
    (``steps.avg_is_linear``), so one avg over the union is not the nested ones;
 2. every mesh dim in the block is Partial before it, so none of them shards a
@@ -45,6 +48,8 @@ the reduction (an all_reduce + all_gather would need a broadcast-shaped model).
 """
 
 from __future__ import annotations
+
+import math
 
 from torch.distributed.tensor.placement_types import Replicate
 
@@ -169,7 +174,15 @@ class MergeReductionsIntoAllReduce(RedistPass):
     def _rewritten(regions, group_dims) -> list[ir.StepInfo]:
         first = regions[0].step
         op = first.reduce_op
-        out = [ir.StepInfo(first.index, tuple(group_dims), partial_of(op), Replicate(), first.logical_shape)]
+        # A merged sum/avg all_reduce (merge-reductions) is a sum followed by a division by
+        # its avg dims' sizes: the one all_reduce divides by all of them (linear, so the
+        # division commutes with the other sums and with the chunks).
+        avg_scale = math.prod(r.step.avg_scale for r in regions)
+        out = [
+            ir.StepInfo(
+                first.index, tuple(group_dims), partial_of(op), Replicate(), first.logical_shape, avg_scale
+            )
+        ]
         for r in regions:
             if r.step.kind == "reduce_scatter":  # the scatter becomes a local chunk, in shard order
                 s = r.step

@@ -465,3 +465,41 @@ def test_same_large_case_fat_under_a_launch_bound_profile():
 def test_3d_against_torch(src, dst, shape):
     ref = check_case("2x4x2", src, dst, shape, torch.float64, groups="create", cost=DEFAULT)
     assert ref.optimized.total < ref.total
+
+
+# A sum merge-reductions made of sum and avg (a sum, then a division by the avg dims' sizes):
+# the one all_reduce keeps the division. (Found by the hypothesis property's seed for torch
+# 2.11: the division was dropped, and every rank's result was twice torch's.)
+MIXED_SUM_AVG = """\
+redistribute [P, P(avg), P] -> [R, R, S(0)] on mesh (a=2,b=2,c=2), shape (8,), float32
+mesh flattened=[a+b]
+%x : (8)
+step 2 over c: P -> S(0), logical=(8)
+  %reduce_scatter = reduce_scatter(%x, {c 2:1}, 'sum', 0) : (4)
+step 0 over a+b: P -> R, logical=(8), avg_scale=2
+  %all_reduce = all_reduce(%reduce_scatter, {a+b 4:2}, 'sum') : (4)
+  %divide = divide(%all_reduce, 2) : (4)
+return %divide
+"""
+MIXED_SUM_AVG_MERGED = """\
+redistribute [P, P(avg), P] -> [R, R, S(0)] on mesh (a=2,b=2,c=2), shape (8,), float32
+mesh flattened=[a+b]
+%x : (8)
+step 2 over a+b+c: P -> R, logical=(8), avg_scale=2
+  %all_reduce = all_reduce(%x, {a+b+c 8:1}, 'sum') : (8)  # <- %reduce_scatter, %all_reduce
+  %divide = divide(%all_reduce, 2) : (8)  # <- %reduce_scatter, %all_reduce
+step 2 over c: R -> S(0), logical=(8)
+  %select_chunk = select_chunk(%divide, 0, 2, c_c) : (4)  # <- %reduce_scatter, %all_reduce
+return %select_chunk"""
+
+
+def test_a_merged_sum_and_avg_keeps_its_division():
+    assert run_pass(MIXED_SUM_AVG, P, groups="create", cost=DEFAULT) == MIXED_SUM_AVG_MERGED
+
+
+@pytest.mark.parametrize("shape", [(1,), (8,), (5, 3)])
+def test_mixed_sum_and_avg_against_torch(shape):
+    ref = check_case(
+        "2x2x2", ("P", "P(avg)", "P"), ("R", "R", "S(0)"), shape, torch.float64, groups="create", cost=DEFAULT
+    )
+    assert dict(ref.optimized.counts) == {"all_reduce": 1}
