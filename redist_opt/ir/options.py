@@ -125,6 +125,11 @@ def _passes(passes):
         return None
     if isinstance(passes, (str, bytes)) or not isinstance(passes, (Sequence, set, frozenset)):
         raise RedistributeError(f"passes={passes!r}: expected a list of pass classes, or None")
+    for p in passes:  # a pass class names itself (``name``); a name alone is without='s
+        if not (isinstance(p, type) and isinstance(getattr(p, "name", None), str)):
+            raise RedistributeError(
+                f"passes={passes!r}: {p!r} is not a pass class (to leave passes out by name, use without=)"
+            )
     return tuple(passes)
 
 

@@ -61,6 +61,7 @@ def test_optimize_refuses_another_cost_at_entry(cost):
         (dict(groups="some"), "groups="),
         (dict(max_collectives="few"), "max_collectives="),
         (dict(passes="merge"), "passes="),
+        (dict(passes=("merge-reductions",)), "'merge-reductions' is not a pass class"),
         (dict(colour="blue"), "colour"),
     ],
 )
