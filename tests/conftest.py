@@ -15,6 +15,9 @@
   The queue is the workers' collection order (``--no-loadscope-reorder``),
   which ``pytest_collection_modifyitems`` sorts long units first by folder and
   marker (``_long_first``); no test is named here.
+* ``--case-share K/N`` keeps one share of the exhaustive cases (marker
+  ``exhaustive``, support/sampling.py) and deselects the rest: .ci/run gives
+  each torch of the range other than 2.13.0 one share (docs/ci.md).
 * Prints, at the end, the number of cases per file, the hypothesis example
   counts and the cases checked against the independent reference, gathered
   from every worker.
