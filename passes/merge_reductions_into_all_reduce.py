@@ -49,13 +49,12 @@ the reduction (an all_reduce + all_gather would need a broadcast-shaped model).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 from torch.distributed.tensor.placement_types import Replicate
 
 from redist_opt import ir
 from redist_opt.ir import steps as S
-from redist_opt.ir.placements import partial_of
 
 from . import _merge
 from ._rewriter import StepRewriter
@@ -88,7 +87,7 @@ class MergeReductionsIntoAllReduce(RedistPass):
             if len(regions) == 1:
                 rw.keep(regions[0])
                 continue
-            new = self._rewritten(regions, b.choice.group.dims)
+            new = self._rewritten(regions, tuple(b.choice.group.dims))
             self.note(
                 True,
                 " + ".join(S.step_label(r.step, mesh) for r in regions)
@@ -170,19 +169,13 @@ class MergeReductionsIntoAllReduce(RedistPass):
 
     # -- the rewrite (condition 4) ----------------------------------------------------------
 
-    @staticmethod
-    def _rewritten(regions, group_dims) -> list[ir.StepInfo]:
-        first = regions[0].step
-        op = first.reduce_op
-        # A merged sum/avg all_reduce (merge-reductions) is a sum followed by a division by
-        # its avg dims' sizes: the one all_reduce divides by all of them (linear, so the
-        # division commutes with the other sums and with the chunks).
-        avg_scale = math.prod(r.step.avg_scale for r in regions)
-        out = [
-            ir.StepInfo(
-                first.index, tuple(group_dims), partial_of(op), Replicate(), first.logical_shape, avg_scale
-            )
-        ]
+    def _rewritten(self, regions, group_dims) -> list[ir.StepInfo]:
+        # One all_reduce doing what the block's reductions did (``steps.merged_step``, the one
+        # rule for merged reductions: a sum merge-reductions made of sum and avg keeps its
+        # division by the avg dims' sizes), replicated where the scatters sharded.
+        steps = [r.step for r in regions]
+        merged = S.merged_step(steps, group_dims, steps[0].index, self.ctx.mesh.sizes)
+        out = [dataclasses.replace(merged, dst=Replicate())]
         for r in regions:
             if r.step.kind == "reduce_scatter":  # the scatter becomes a local chunk, in shard order
                 s = r.step
